@@ -1,0 +1,145 @@
+"""MODEL -> local directory: an alias from models.toml, an `org/name` hub repo id, or a local dir."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from speclite.errors import SpecliteError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+DEFAULT_MODELS_FILE = PACKAGE_DIR / "models.toml"
+MODELS_FILE_ENV = "SPECLITE_MODELS_FILE"
+
+# Only what a runtime needs: weights, config, tokenizer, generation config, chat template.
+ALLOW_PATTERNS = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.model", "*.txt", "*.jinja"]
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    repo: str | None  # hub repo id
+    path: Path | None  # a directory shipped with the package (or given by the user's file)
+    draft: str | None  # recommended draft alias or model
+
+
+@dataclass(frozen=True)
+class Registry:
+    aliases: dict[str, Alias]
+    default_target: str | None
+    default_draft: str | None
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise SpecliteError(f"models file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecliteError(f"models file {path} is not valid TOML: {e}") from None
+
+
+def load_registry(models_file: str | os.PathLike | None = None) -> Registry:
+    """The packaged aliases, overlaid by the user's file (--models-file or $SPECLITE_MODELS_FILE)."""
+    files = [DEFAULT_MODELS_FILE]
+    user_file = models_file or os.environ.get(MODELS_FILE_ENV)
+    if user_file:
+        files.append(Path(user_file))
+    aliases: dict[str, Alias] = {}
+    defaults: dict = {}
+    for file in files:
+        data = _read_toml(file)
+        defaults.update(data.get("defaults", {}))
+        for name, entry in data.get("models", {}).items():
+            if not isinstance(entry, dict) or not (entry.get("repo") or entry.get("path")):
+                raise SpecliteError(f"models file {file}: alias '{name}' needs a 'repo' or a 'path'")
+            path = entry.get("path")
+            aliases[name] = Alias(
+                name=name,
+                repo=entry.get("repo"),
+                path=(file.parent / path).resolve() if path else None,
+                draft=entry.get("draft"),
+            )
+    return Registry(aliases, defaults.get("target"), defaults.get("draft"))
+
+
+def _cached_snapshot(repo: str) -> Path | None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo, allow_patterns=ALLOW_PATTERNS, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+
+
+def is_cached(alias: Alias) -> bool:
+    if alias.path is not None:
+        return alias.path.is_dir()
+    return _cached_snapshot(alias.repo) is not None
+
+
+def download(repo: str, label: str | None = None) -> Path:
+    """Fetch a repo's runtime files with huggingface_hub (which draws its own progress bars)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    name = label or repo
+    try:
+        return Path(snapshot_download(repo, allow_patterns=ALLOW_PATTERNS))
+    except LocalEntryNotFoundError:
+        raise SpecliteError(
+            f"model '{name}' ({repo}) is not cached and the hub cannot be reached: "
+            f"connect to the network and run `speclite pull {name}`, or pass a local model directory"
+        ) from None
+    except GatedRepoError:
+        raise SpecliteError(f"model '{name}' ({repo}) is gated: accept its license on the hub and log in") from None
+    except RepositoryNotFoundError:
+        raise SpecliteError(f"model '{name}': no such repository on the hub ({repo})") from None
+    except HfHubHTTPError as e:
+        raise SpecliteError(f"model '{name}' ({repo}): download failed: {e}") from None
+
+
+def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = None, fetch: bool = True) -> Path:
+    """A local model directory for MODEL; downloads a hub model that is not cached when fetch is set."""
+    text = str(model)
+    local = Path(text).expanduser()
+    if local.is_dir():
+        return local.resolve()
+    registry = load_registry(models_file)
+    alias = registry.aliases.get(text)
+    if alias is not None and alias.path is not None:
+        if not alias.path.is_dir():
+            raise SpecliteError(f"model '{text}': its directory {alias.path} is missing")
+        return alias.path
+    repo = alias.repo if alias is not None else text
+    if alias is None and (text.count("/") != 1 or text.startswith((".", "/", "~"))):
+        known = ", ".join(sorted(registry.aliases))
+        raise SpecliteError(f"unknown model '{text}': not a directory, an alias ({known}) or an org/name repo id")
+    cached = _cached_snapshot(repo)
+    if cached is not None:
+        return cached
+    if not fetch:
+        raise SpecliteError(f"model '{text}' ({repo}) is not cached: run `speclite pull {text}`")
+    return download(repo, label=text)
+
+
+def recommended_draft(model: str, models_file: str | os.PathLike | None = None) -> str | None:
+    """The draft models.toml recommends for MODEL (by alias, or by the alias whose repo/path it names)."""
+    registry = load_registry(models_file)
+    alias = registry.aliases.get(str(model))
+    if alias is None:
+        target = Path(str(model)).expanduser()
+        for candidate in registry.aliases.values():
+            if candidate.repo == str(model) or (candidate.path is not None and target.is_dir() and candidate.path == target.resolve()):
+                alias = candidate
+                break
+    return alias.draft if alias is not None else None

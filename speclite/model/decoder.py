@@ -1,0 +1,280 @@
+"""The whole Llama-family decoder (Llama 2/3.x, Qwen2/2.5, Qwen3, Mistral) in one file.
+
+Module and parameter names mirror the Hugging Face checkpoints (model.layers.N.self_attn.q_proj...),
+so safetensors load by name and quantized linears slot in where their tensors say so.
+One forward serves prefill, one-token decode and k+1-token verification: it appends the new
+tokens' keys/values to a static cache at cache.length and attends over everything before them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from speclite.errors import SpecliteError
+from speclite.model.kv_cache import KVCache
+
+# HF architecture name -> our family tag.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: dict  # rope_type, rope_theta and the scaling parameters of that type
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    sliding_window: int | None
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "ModelArgs":
+        archs = cfg.get("architectures") or []
+        family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        if family is None:
+            name = archs[0] if archs else cfg.get("model_type", "unknown")
+            raise SpecliteError(
+                f"unsupported architecture '{name}': speclite runs {', '.join(sorted(ARCHITECTURES))}"
+            )
+        heads = cfg["num_attention_heads"]
+        # Old configs keep rope_theta/rope_scaling at the top level; transformers 5 nests them.
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
+        if rope["rope_type"] not in ROPE_TYPES:
+            raise SpecliteError(f"unsupported RoPE scaling '{rope['rope_type']}': speclite runs {', '.join(ROPE_TYPES)}")
+        window = cfg.get("sliding_window")
+        if family in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+            window = None
+        attention_bias = cfg.get("attention_bias", False)
+        return cls(
+            family=family,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            rope=rope,
+            qkv_bias=family == "qwen2" or attention_bias,
+            o_bias=family in ("llama", "mistral", "qwen3") and attention_bias,
+            mlp_bias=cfg.get("mlp_bias", False),
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            sliding_window=window,
+        )
+
+
+def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the cos/sin scale for the config's RoPE type (float32)."""
+    rope, dim = args.rope, args.head_dim
+    base = rope["rope_theta"]
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    kind = rope["rope_type"]
+    if kind == "linear":
+        return inv_freq / rope["factor"], 1.0
+    if kind == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old_len = rope["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        middle = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(middle, blended, scaled), 1.0
+    if kind == "yarn":
+        factor = rope["factor"]
+        old_len = rope.get("original_max_position_embeddings") or args.max_position_embeddings
+        attn_factor = rope.get("attention_factor")
+        if attn_factor is None:
+            mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
+            def m(scale, ms=1.0):
+                return 1.0 if scale <= 1 else 0.1 * ms * math.log(scale) + 1.0
+            attn_factor = m(factor, mscale) / m(factor, mscale_all) if mscale and mscale_all else m(factor)
+        beta_fast, beta_slow = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
+
+        def correction_dim(rotations):
+            return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if rope.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        extrapolate = 1 - ramp
+        return (inv_freq / factor) * (1 - extrapolate) + inv_freq * extrapolate, attn_factor
+    return inv_freq, 1.0
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 like the reference implementation, scale in the model dtype.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        h, d = args.hidden_size, args.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, d
+        self.q_proj = nn.Linear(h, args.num_heads * d, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(args.num_heads * d, h, bias=args.o_bias)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(d, args.rms_norm_eps)
+            self.k_norm = RMSNorm(d, args.rms_norm_eps)
+        self.qk_norm = args.qk_norm
+
+    def forward(self, x, cos, sin, layer_cache: tuple[torch.Tensor, torch.Tensor], start: int, mask):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        cache_k, cache_v = layer_cache
+        end = start + t
+        cache_k[:, start:end] = k.transpose(0, 1)
+        cache_v[:, start:end] = v.transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            cache_k[:, :end].unsqueeze(0),
+            cache_v[:, :end].unsqueeze(0),
+            attn_mask=mask,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return self.o_proj(out.squeeze(0).transpose(0, 1).reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        h, i, b = args.hidden_size, args.intermediate_size, args.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=b)
+        self.up_proj = nn.Linear(h, i, bias=b)
+        self.down_proj = nn.Linear(i, h, bias=b)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x, cos, sin, layer_cache, start, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """HF's `model.` prefix: embeddings, blocks, final norm."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Backbone(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.inv_freq, self.rope_scale = None, 1.0
+
+    def init_rope(self, device) -> None:
+        # Computed outside the meta-device construction, on the model's device.
+        inv_freq, self.rope_scale = rope_inv_freq(self.args)
+        self.inv_freq = inv_freq.to(device)
+
+    def tie_weights(self):
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def new_cache(self, max_len: int) -> KVCache:
+        p = self.model.embed_tokens.weight
+        a = self.args
+        return KVCache(a.num_layers, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
+
+    def _mask(self, start: int, t: int, device) -> torch.Tensor | None:
+        window = self.args.sliding_window
+        end = start + t
+        if t == 1 and (window is None or end <= window):
+            return None
+        q_pos = torch.arange(start, end, device=device)[:, None]
+        k_pos = torch.arange(end, device=device)[None, :]
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= k_pos > q_pos - window
+        return mask
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache, num_logits: int | None = None) -> torch.Tensor:
+        """Logits [T', vocab] for the last `num_logits` of the T new tokens (all when None).
+
+        The tokens are appended at cache.length and the cache advances by T.
+        """
+        t, start = tokens.shape[0], cache.length
+        if start + t > cache.max_len:
+            raise SpecliteError(f"sequence of {start + t} tokens exceeds the context of {cache.max_len}")
+        x = self.model.embed_tokens(tokens)
+        pos = torch.arange(start, start + t, device=x.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None, :]
+        sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None, :]
+        mask = self._mask(start, t, x.device)
+        for layer, layer_cache in zip(self.model.layers, cache.layers):
+            x = layer(x, cos, sin, layer_cache, start, mask)
+        cache.length = start + t
+        if num_logits is not None:
+            x = x[-num_logits:]
+        return self.lm_head(self.model.norm(x))

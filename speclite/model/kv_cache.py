@@ -1,0 +1,25 @@
+"""A static, preallocated KV cache for one sequence; rollback is moving a length pointer."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        self.max_len = max_len
+        self.length = 0
+        shape = (num_kv_heads, max_len, head_dim)
+        self.layers = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)
+        ]
+
+    def rollback(self, length: int) -> None:
+        """Forget everything past `length` tokens: later writes overwrite the stale entries."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a cache of {self.length} tokens to {length}")
+        self.length = length
+
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)

@@ -1,0 +1,115 @@
+"""A model directory (config.json + sharded safetensors) -> a ready Transformer on a device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from speclite.errors import SpecliteError
+from speclite.model.decoder import ModelArgs, Transformer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecliteError("--device cuda was asked for but no CUDA GPU is available")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """bf16 on CUDA, float32 on the CPU unless asked otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise SpecliteError(f"unknown dtype '{dtype}': choose from auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def read_config(model_dir: Path) -> dict:
+    path = model_dir / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecliteError(f"{model_dir} is not a model directory: no config.json") from None
+    except json.JSONDecodeError as e:
+        raise SpecliteError(f"{path} is not valid JSON: {e}") from None
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise SpecliteError(f"{index} is not a valid safetensors index: {e}") from None
+        files = [model_dir / n for n in names]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise SpecliteError(f"{model_dir} holds no .safetensors weights")
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise SpecliteError(f"{model_dir}: weight shards missing: {', '.join(missing)}")
+    return files
+
+
+def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, on the CPU as stored (memory-mapped where possible)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in weight_files(model_dir):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise SpecliteError(f"{file} is corrupt or truncated ({e}); delete it and download it again") from None
+    return tensors
+
+
+def load_model(model_dir: str | Path, device: str | torch.device | None = None, dtype=None) -> Transformer:
+    """Build the decoder from config.json and load its weights (quantized formats included)."""
+    model_dir = Path(model_dir)
+    device = device if isinstance(device, torch.device) else resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    config = read_config(model_dir)
+    args = ModelArgs.from_hf(config)
+    tensors = read_tensors(model_dir)
+    with torch.device("meta"):
+        model = Transformer(args)
+    qconfig = config.get("quantization_config")
+    if qconfig:
+        from speclite.quant.checkpoint import load_quantized_linears
+
+        load_quantized_linears(model, qconfig, tensors, dtype, device)
+    _load_dense(model, tensors, dtype, device, model_dir)
+    model.tie_weights()
+    model.init_rope(device)
+    return model.eval()
+
+
+def _load_dense(model: Transformer, tensors: dict, dtype, device, model_dir: Path) -> None:
+    """Assign every remaining (unquantized) parameter from the checkpoint by its HF name."""
+    params = dict(model.named_parameters())
+    tied = model.args.tie_word_embeddings
+    for name, param in params.items():
+        if param.device.type != "meta":
+            continue  # already filled by a quantized module
+        if name == "lm_head.weight" and tied:
+            continue
+        if name not in tensors:
+            raise SpecliteError(f"{model_dir}: checkpoint has no tensor '{name}'")
+        value = tensors[name]
+        if value.shape != param.shape:
+            raise SpecliteError(f"{model_dir}: tensor '{name}' has shape {tuple(value.shape)}, config says {tuple(param.shape)}")
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        setattr(module, attr, torch.nn.Parameter(value.to(device=device, dtype=dtype), requires_grad=False))
