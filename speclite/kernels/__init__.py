@@ -1,0 +1,10 @@
+"""Quantized GEMMs and the fused speculative-verification kernel.
+
+Pure tensor functions: CUDA tensors run Triton kernels, CPU tensors (or force_torch(True) /
+SPECLITE_FORCE_TORCH=1) run the torch path. Importing this package never imports triton.
+"""
+
+from .dispatch import force_torch
+from .w4a16 import w4a16_gemm
+
+__all__ = ["force_torch", "w4a16_gemm"]

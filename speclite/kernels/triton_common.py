@@ -1,0 +1,58 @@
+"""Pieces shared by the Triton kernels: exact rounding and the split-K reduction."""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def round_half_even(v):
+    """torch.round semantics (ties to even) for |v| < 2**22.
+
+    libdevice.rint would do, but the interpreter cannot run libdevice calls.
+    """
+    f = tl.floor(v)
+    d = v - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    # Sums the fp32 partials in a fixed order (deterministic, unlike atomics) and casts once.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * numel + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gemm_out_buffers(m: int, n: int, split_k: int, dtype: torch.dtype, device: torch.device):
+    """(out, target): the kernel writes to target, which is out itself or an fp32 split-K workspace."""
+    out = torch.empty((m, n), dtype=dtype, device=device)
+    if split_k == 1:
+        return out, out
+    return out, torch.empty((split_k, m, n), dtype=torch.float32, device=device)
+
+
+def finish_split_k(out: torch.Tensor, target: torch.Tensor, split_k: int) -> torch.Tensor:
+    if split_k > 1:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(out.numel(), block),)](target, out, out.numel(), SPLIT_K=split_k, BLOCK=block)
+    return out
+
+
+@triton.jit
+def split_k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The [first, last) K-tile range of split pid_k: contiguous chunks of equal tile count."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = pid_k * per_split
+    last = tl.minimum(first + per_split, k_tiles)
+    return first, last
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 operands must not silently drop to tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"

@@ -1,0 +1,74 @@
+"""Per-shape launch-config selection for the Triton GEMMs.
+
+We tune ourselves instead of using triton.autotune because split-K configs need a
+workspace sized by the chosen split, allocated before the launch. The first call for a
+(kernel, shape bucket) key times every candidate with CUDA events and keeps the fastest;
+later calls are a dict lookup. Call each shape once before capturing a CUDA graph.
+Under the interpreter (CPU tensors) nothing is timed: the first candidate is used.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+_best: dict = {}
+
+
+def m_bucket(m: int) -> int:
+    """Shapes with M in the same power-of-two bucket share a config (decode M=1..16 stay distinct)."""
+    return 1 << max(0, (m - 1).bit_length())
+
+
+def gemm_candidates(m: int, k_tiles_of: Callable[[int], int]) -> list:
+    """Candidate configs: GEMV-shaped split-K for decode/verify (M <= 16), tiled for prefill.
+
+    k_tiles_of(block_k) says how many K tiles a block_k gives, so useless splits are dropped.
+    The lists cover the linear shapes of 0.5B-8B Llama/Qwen layers (N, K in 896..18944).
+    """
+    if m <= 16:
+        base = [GemmConfig(16, bn, bk, s, 4, 3) for bn in (32, 64, 128) for bk in (64, 128, 256) for s in (1, 2, 4, 8, 16)]
+    elif m <= 64:
+        base = [GemmConfig(bm, bn, bk, s, 4, 3) for bm in (32, 64) for bn in (64, 128) for bk in (64, 128) for s in (1, 2, 4)]
+    else:
+        base = [
+            GemmConfig(64, 64, 64, 1, 4, 4), GemmConfig(64, 128, 64, 1, 4, 4), GemmConfig(128, 64, 64, 1, 4, 4),
+            GemmConfig(128, 128, 64, 1, 8, 3), GemmConfig(128, 128, 32, 1, 4, 4), GemmConfig(128, 256, 64, 1, 8, 3),
+            GemmConfig(64, 256, 32, 1, 4, 4), GemmConfig(256, 128, 64, 1, 8, 3),
+        ]
+    return [c for c in base if c.split_k <= k_tiles_of(c.block_k)]
+
+
+def pick(key: tuple, candidates: Sequence[GemmConfig], run: Callable[[GemmConfig], object], device: torch.device):
+    """Return the fastest candidate for key, timing them on first use (CUDA only)."""
+    if key in _best:
+        return _best[key]
+    if device.type != "cuda" or len(candidates) == 1:
+        return candidates[0]
+    _best[key] = min(candidates, key=lambda cfg: _median_ms(lambda: run(cfg)))
+    return _best[key]
+
+
+def _median_ms(fn: Callable[[], object], reps: int = 20) -> float:
+    fn()  # compile and warm up
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]

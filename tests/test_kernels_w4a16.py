@@ -1,0 +1,90 @@
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (speclite.kernels imports it lazily)
+
+import pytest
+import torch
+
+from speclite.kernels import w4a16_gemm
+from speclite.kernels.w4a16 import w4a16_gemm_torch
+
+
+def pack_rows(q):
+    """int [K, N] nibbles -> int32 [K//8, N], 8 consecutive k per word, lowest bits first."""
+    k, n = q.shape
+    words = torch.zeros(k // 8, n, dtype=torch.int64)
+    for j in range(8):
+        words |= q[j::8].long() << (4 * j)
+    return (words - (words >= 2**31).long() * 2**32).to(torch.int32)  # reinterpret as signed int32
+
+
+def pack_cols(z):
+    g, n = z.shape
+    words = torch.zeros(g, n // 8, dtype=torch.int64)
+    for j in range(8):
+        words |= z[:, j::8].long() << (4 * j)
+    return (words - (words >= 2**31).long() * 2**32).to(torch.int32)
+
+
+def make_case(m, k, n, group_size, act_order, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    groups = -(-k // group_size)
+    q = torch.randint(0, 16, (k, n), generator=gen)
+    zeros = torch.randint(0, 16, (groups, n), generator=gen)
+    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.005).to(torch.float16)
+    if act_order:  # desc_act checkpoints: channel k belongs to a shuffled group
+        g_idx = (torch.randperm(k, generator=gen) // group_size).to(torch.int32)
+    else:
+        g_idx = None
+    x = (torch.randn(m, k, generator=gen) * 0.5).to(dtype)
+    return x, q, zeros, scales, g_idx
+
+
+def plain_reference(x, q, zeros, scales, g_idx, group_size):
+    """Format definition, float64: w[k, n] = (q[k, n] - zero[g[k], n]) * scale[g[k], n]."""
+    k = q.shape[0]
+    g = g_idx.long() if g_idx is not None else torch.arange(k) // group_size
+    w = (q - zeros[g]).double() * scales.double()[g]
+    return x.double() @ w
+
+
+@pytest.mark.parametrize("m,k,n,group_size,act_order", [
+    (1, 64, 16, 32, False), (3, 200, 40, 64, False), (7, 96, 24, 32, True), (1, 136, 8, 128, True),
+])
+def test_torch_reference_matches_format_definition(m, k, n, group_size, act_order):
+    x, q, zeros, scales, g_idx = make_case(m, k, n, group_size, act_order, torch.float32, seed=m * 1000 + k)
+    y = w4a16_gemm_torch(x, pack_rows(q), pack_cols(zeros), scales, g_idx, group_size)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), plain_reference(x, q, zeros, scales, g_idx, group_size), rtol=1e-5, atol=1e-5)
+
+
+def test_public_function_on_cpu_takes_torch_path():
+    x, q, zeros, scales, g_idx = make_case(2, 64, 16, 32, False, torch.bfloat16, seed=5)
+    y = w4a16_gemm(x, pack_rows(q), pack_cols(zeros), scales, g_idx, 32)
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 16)
+    torch.testing.assert_close(y, w4a16_gemm_torch(x, pack_rows(q), pack_cols(zeros), scales, g_idx, 32), rtol=0, atol=0)
+
+
+# Triton under the interpreter. fp16/fp32 activations only: the interpreter's bf16 tl.dot is wrong.
+@pytest.mark.parametrize("m,k,n,group_size,act_order,dtype,cfg", [
+    # decode/verify shapes, split-K, ragged K and N, one group per tile
+    (1, 200, 40, 32, False, torch.float16, (16, 16, 32, 3)),
+    (5, 136, 24, 64, False, torch.float32, (16, 16, 32, 2)),
+    # tile spanning several groups, and act-order gathers
+    (16, 72, 48, 16, False, torch.float16, (16, 32, 32, 1)),
+    (4, 104, 16, 32, True, torch.float16, (16, 16, 32, 4)),
+    # prefill-like tiling with ragged M
+    (19, 96, 40, 32, True, torch.float32, (16, 32, 32, 1)),
+])
+def test_triton_matches_reference(m, k, n, group_size, act_order, dtype, cfg):
+    triton_mod = pytest.importorskip("speclite.kernels.w4a16_triton")
+    from speclite.kernels.tuning import GemmConfig
+
+    x, q, zeros, scales, g_idx = make_case(m, k, n, group_size, act_order, dtype, seed=m + k + n)
+    args = (x, pack_rows(q), pack_cols(zeros), scales, g_idx, group_size)
+    config = GemmConfig(block_m=cfg[0], block_n=cfg[1], block_k=cfg[2], split_k=cfg[3])
+    y = triton_mod.w4a16_gemm(*args, config=config)
+    ref = w4a16_gemm_torch(*args)
+    assert y.dtype == dtype and y.shape == (m, n)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
