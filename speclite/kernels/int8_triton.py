@@ -1,0 +1,98 @@
+"""Triton W8A8: per-token int8 quantizer and int8 x int8 -> int32 GEMM with both scales in the epilogue."""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import tuning
+from .int8 import INT8_SCALE_EPS
+from .triton_common import finish_split_k, gemm_out_buffers, round_half_even, split_k_range
+
+
+@triton.jit
+def _token_quant_int8_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, BLOCK: tl.constexpr, EPS: tl.constexpr):
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_xm
+    absmax = tl.zeros([BLOCK], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        absmax = tl.maximum(absmax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
+    # div_rn: Triton's plain fp32 '/' is approximate; the torch path divides exactly.
+    scale = tl.maximum(tl.math.div_rn(tl.max(absmax, axis=0), 127.0), EPS)
+    for k0 in range(0, K, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(x, scale)), -127.0), 127.0)
+        tl.store(xq_ptr + row * K + offs, q.to(tl.int8), mask=offs < K)
+    tl.store(s_ptr + row, scale)
+
+
+def per_token_quant_int8(x: torch.Tensor):
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    xq = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    scales = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    _token_quant_int8_kernel[(m,)](x, xq, scales, k, x.stride(0), BLOCK=min(4096, triton.next_power_of_2(k)),
+                                   EPS=INT8_SCALE_EPS)
+    return xq, scales
+
+
+@triton.jit
+def _int8_gemm_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    first, last = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    for kt in range(first, last):
+        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0)
+        b = tl.load(w_ptr + offs_n[None, :] * K + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0)
+        acc = tl.dot(a, b, acc)
+
+    a_scale = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
+    w_scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
+    y = acc.to(tl.float32) * a_scale[:, None] * w_scale[None, :]
+    if SPLIT_K == 1:
+        dst = out_ptr + offs_m[:, None] * N + offs_n[None, :]
+    else:
+        dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def int8_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        out_dtype: torch.dtype, config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
+    """The GEMM alone, on activations already quantized per token."""
+    m, k = xq.shape
+    n = weight.shape[0]
+    w_scale = weight_scale.float().reshape(-1).contiguous()
+
+    def run(cfg: tuning.GemmConfig) -> torch.Tensor:
+        out, target = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device)
+        grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
+        _int8_gemm_kernel[grid](xq, x_scales, weight, w_scale, target, m, n, k, BLOCK_M=cfg.block_m,
+                                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return finish_split_k(out, target, cfg.split_k)
+
+    if config is None:
+        key = ("int8", tuning.m_bucket(m), n, k, out_dtype)
+        config = tuning.pick(key, tuning.gemm_candidates(m, lambda bk: triton.cdiv(k, bk)), run, xq.device)
+    return run(config)
+
+
+def int8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+              config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
+    xq, xs = per_token_quant_int8(x)
+    return int8_gemm_quantized(xq, xs, weight, weight_scale, x.dtype, config)
