@@ -1,0 +1,6 @@
+"""Quantization: schemes (fp8-block, int4, w8a8), methods (rtn, gptq, smoothquant), checkpoint formats."""
+
+from speclite.quant.quantize import QuantReport, perplexity, quantize_model, quantize_to_dir
+from speclite.quant.schemes import SCHEMES, normalize_scheme
+
+__all__ = ["SCHEMES", "QuantReport", "normalize_scheme", "perplexity", "quantize_model", "quantize_to_dir"]

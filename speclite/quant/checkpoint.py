@@ -1,0 +1,144 @@
+"""Load the quantized linears of a checkpoint: our own output and published ones.
+
+Formats: "fp8" (block or per-tensor float8_e4m3fn + weight_scale_inv), "gptq" (v1 zero-1 and
+gptq_v2 real zeros, desc_act/g_idx), "awq" (GEMM layout) and "compressed-tensors"
+int-quantized W8A8. A linear is replaced only where its quantized tensors are present in the
+checkpoint (and it is not lm_head or in the config's ignore list); everything else stays
+dense and is filled by the loader afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import torch
+from torch import nn
+
+from speclite.errors import SpecliteError
+from speclite.quant.int4 import from_awq, from_gptq
+from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
+
+SUPPORTED = ("fp8", "gptq", "awq", "compressed-tensors")
+Builder = Callable[[str, dict, "torch.Tensor | None", torch.dtype, torch.device], "QuantLinear | None"]
+
+
+def load_quantized_linears(model: nn.Module, qconfig: dict, tensors: dict, dtype, device) -> None:
+    method = str(qconfig.get("quant_method", "")).lower()
+    factories = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors}
+    if method not in factories:
+        raise SpecliteError(f"unsupported quant_method '{method}': speclite loads {', '.join(SUPPORTED)}")
+    build = factories[method](qconfig)
+    ignore = list(qconfig.get("ignore") or []) + list(qconfig.get("modules_to_not_convert") or [])
+    ignore += list(qconfig.get("ignored_layers") or [])
+    device = torch.device(device)
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or name == "lm_head" or _ignored(name, ignore):
+            continue
+        bias = None
+        if module.bias is not None:
+            if f"{name}.bias" not in tensors:
+                raise SpecliteError(f"checkpoint has no tensor '{name}.bias'")
+            bias = tensors[f"{name}.bias"]
+        qlinear = build(name, tensors, bias, dtype, device)
+        if qlinear is None:
+            continue
+        if (qlinear.in_features, qlinear.out_features) != (module.in_features, module.out_features):
+            raise SpecliteError(
+                f"quantized '{name}' is [{qlinear.out_features}, {qlinear.in_features}], "
+                f"config says [{module.out_features}, {module.in_features}]"
+            )
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, qlinear)
+
+
+def _ignored(name: str, patterns: list[str]) -> bool:
+    """compressed-tensors 're:' regexes, else HF's modules_to_not_convert substring rule."""
+    for p in patterns:
+        if p.startswith("re:"):
+            if re.match(p[3:], name):
+                return True
+        elif p == name or p in name:
+            return True
+    return False
+
+
+def _fp8(qconfig: dict) -> Builder:
+    fmt = qconfig.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise SpecliteError(f"fp8 checkpoint with fmt '{fmt}': speclite loads e4m3")
+    block = tuple(qconfig.get("weight_block_size") or (0, 0))
+
+    def build(name, tensors, bias, dtype, device):
+        weight = tensors.get(f"{name}.weight")
+        if weight is None or weight.dtype != torch.float8_e4m3fn:
+            return None
+        scale = tensors.get(f"{name}.weight_scale_inv")
+        if scale is None:
+            raise SpecliteError(f"fp8 checkpoint: '{name}.weight_scale_inv' is missing")
+        if scale.numel() > 1 and not all(block):
+            raise SpecliteError(f"fp8 checkpoint: '{name}' has block scales but no weight_block_size in the config")
+        return Fp8Linear(weight, scale, block, bias, dtype, device)
+
+    return build
+
+
+def _gptq(qconfig: dict) -> Builder:
+    bits = qconfig.get("bits", 4)
+    if bits != 4:
+        raise SpecliteError(f"gptq checkpoint with {bits} bits: speclite loads 4-bit GPTQ")
+    fmt = qconfig.get("checkpoint_format", "gptq")
+    if fmt not in ("gptq", "gptq_v2"):
+        raise SpecliteError(f"gptq checkpoint_format '{fmt}': speclite loads gptq and gptq_v2")
+    group_size = qconfig.get("group_size", 128)
+
+    def build(name, tensors, bias, dtype, device):
+        if f"{name}.qweight" not in tensors:
+            return None
+        qweight = tensors[f"{name}.qweight"]
+        g = qweight.shape[0] * 8 if group_size in (-1, None) else group_size
+        w = from_gptq(qweight, tensors[f"{name}.qzeros"], tensors[f"{name}.scales"], tensors.get(f"{name}.g_idx"), g, v1=fmt == "gptq")
+        return Int4Linear(w, bias, dtype, device)
+
+    return build
+
+
+def _awq(qconfig: dict) -> Builder:
+    version = str(qconfig.get("version", "gemm")).lower()
+    if version != "gemm" or qconfig.get("bits", qconfig.get("w_bit", 4)) != 4 or not qconfig.get("zero_point", True):
+        raise SpecliteError(f"awq checkpoint {qconfig}: speclite loads 4-bit GEMM AWQ with zero points")
+    group_size = qconfig.get("group_size", qconfig.get("q_group_size", 128))
+
+    def build(name, tensors, bias, dtype, device):
+        if f"{name}.qweight" not in tensors:
+            return None
+        w = from_awq(tensors[f"{name}.qweight"], tensors[f"{name}.qzeros"], tensors[f"{name}.scales"], group_size)
+        return Int4Linear(w, bias, dtype, device)
+
+    return build
+
+
+def _compressed_tensors(qconfig: dict) -> Builder:
+    fmt = qconfig.get("format")
+    if fmt != "int-quantized":
+        raise SpecliteError(f"compressed-tensors format '{fmt}': speclite loads int-quantized (W8A8)")
+    for group in (qconfig.get("config_groups") or {}).values():
+        w, a = group.get("weights") or {}, group.get("input_activations") or {}
+        ok_w = w.get("num_bits") == 8 and w.get("type", "int") == "int" and w.get("symmetric", True) and w.get("strategy") == "channel"
+        ok_a = a.get("num_bits") == 8 and a.get("dynamic") is True and a.get("strategy") == "token" and a.get("symmetric", True)
+        if not (ok_w and ok_a):
+            raise SpecliteError(
+                "compressed-tensors config group is not W8A8 (8-bit symmetric per-channel weights, "
+                "dynamic per-token 8-bit activations): speclite loads only that int-quantized scheme"
+            )
+
+    def build(name, tensors, bias, dtype, device):
+        weight = tensors.get(f"{name}.weight")
+        if weight is None or weight.dtype != torch.int8:
+            return None
+        scale = tensors.get(f"{name}.weight_scale")
+        if scale is None:
+            raise SpecliteError(f"compressed-tensors checkpoint: '{name}.weight_scale' is missing")
+        return Int8Linear(weight, scale, bias, dtype, device)
+
+    return build

@@ -1,0 +1,42 @@
+"""FP8 (e4m3) per-block weights: the DeepSeek-V3 / Qwen3-FP8 on-disk format.
+
+A weight [N, K] is cut into block_n x block_k tiles (edge tiles are partial); each tile stores
+float8_e4m3fn values and one float32 `weight_scale_inv` so that tile = value * scale.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+
+
+def _blocked(t: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, int, int]:
+    """Zero-pad [N, K] up to whole blocks and view it as [N/bn, bn, K/bk, bk]."""
+    bn, bk = block
+    n, k = t.shape
+    nb, kb = -(-n // bn), -(-k // bk)
+    padded = torch.nn.functional.pad(t, (0, kb * bk - k, 0, nb * bn - n))
+    return padded.view(nb, bn, kb, bk), nb, kb
+
+
+def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] float -> (fp8 [N, K], weight_scale_inv float32 [ceil(N/bn), ceil(K/bk)])."""
+    n, k = weight.shape
+    tiles, nb, kb = _blocked(weight.float(), block)
+    amax = tiles.abs().amax(dim=(1, 3))
+    # An all-zero tile gets scale 1 so it stays exactly zero and the scale stays finite.
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    values = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return values.view(nb * block[0], kb * block[1])[:n, :k].contiguous(), scale.contiguous()
+
+
+def dequantize_fp8_blocks(values: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype) -> torch.Tensor:
+    """The format's definition: every tile times its scale; a single scale means per-tensor."""
+    n, k = values.shape
+    scale = scale_inv.float()
+    if scale.numel() == 1:
+        return (values.float() * scale.reshape(())).to(dtype)
+    full = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:n, :k]
+    return (values.float() * full).to(dtype)

@@ -1,0 +1,21 @@
+"""INT8 per-output-channel symmetric weights (compressed-tensors "int-quantized", strategy channel)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def quantize_int8_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (int8 [N, K], weight_scale float32 [N, 1]) with w ~= q * scale."""
+    w = weight.float()
+    amax = w.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = (w / scale).round().clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_int8_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token activation quantization: x [M, K] -> (int8 [M, K], scale float32 [M, 1])."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+    return (xf / scale).round().clamp(-127, 127).to(torch.int8), scale

@@ -1,0 +1,142 @@
+"""Quantized drop-in replacements for nn.Linear.
+
+On CUDA they keep the packed weights and call speclite.kernels. On the CPU each takes the
+fastest path measured on the 2-core dev machine (torch 2.13, see README notes in
+speclite/quant/README.md): int4 -> aten._weight_int4pack_mm_for_cpu with bf16 activations,
+w8a8 -> torch._int_mm on dynamically per-token-quantized activations, fp8 -> weights
+dequantized once at load (FP8 is a storage format only on the CPU). The packed CPU ops are
+15-50x slower with float32 activations, so activations are cast to bf16 for them and back.
+Quantized tensors are buffers, not parameters: the loader fills only parameters left on meta.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from speclite.quant.fp8 import dequantize_fp8_blocks
+from speclite.quant.int4 import Int4Weight, pack_nibbles
+from speclite.quant.int8 import quantize_int8_tokens
+
+INT4PACK_GROUPS = (32, 64, 128, 256)
+
+
+def _kernels():
+    import speclite.kernels as kernels  # written alongside; only imported on CUDA
+
+    return kernels
+
+
+class QuantLinear(nn.Module):
+    """Shared shape handling and bias; subclasses implement _matmul on a 2-D input."""
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, dtype, device):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.dtype = dtype
+        self.on_cuda = torch.device(device).type == "cuda"
+        self.bias = None if bias is None else nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self._matmul(x.reshape(-1, shape[-1]))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, path={self.path}"
+
+
+class Fp8Linear(QuantLinear):
+    def __init__(self, weight, scale_inv, block, bias, dtype, device):
+        n, k = weight.shape
+        super().__init__(k, n, bias, dtype, device)
+        if self.on_cuda:
+            self.path = "fp8_block_gemm"
+            self.block = tuple(block)
+            self.register_buffer("weight", weight.to(device))
+            self.register_buffer("weight_scale_inv", scale_inv.float().to(device))
+        else:
+            self.path = "dequantized"
+            self.register_buffer("weight", dequantize_fp8_blocks(weight, scale_inv, block, dtype).to(device))
+
+    def _matmul(self, x):
+        if self.on_cuda:
+            return _kernels().fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block)
+        return F.linear(x, self.weight)
+
+
+class Int8Linear(QuantLinear):
+    """W8A8: int8 per-channel weights, activations quantized per token at run time."""
+
+    def __init__(self, weight, weight_scale, bias, dtype, device):
+        n, k = weight.shape
+        super().__init__(k, n, bias, dtype, device)
+        self.path = "int8_gemm" if self.on_cuda else "_int_mm"
+        self.register_buffer("weight", weight.to(torch.int8).to(device))
+        self.register_buffer("weight_scale", weight_scale.float().reshape(n, 1).to(device))
+        if not self.on_cuda:
+            # _int_mm wants the [K, N] operand; a transposed view of the row-major weight is its fast layout.
+            self.register_buffer("scale_row", self.weight_scale.reshape(1, n).clone())
+
+    def _matmul(self, x):
+        if self.on_cuda:
+            return _kernels().int8_gemm(x, self.weight, self.weight_scale)
+        xq, xs = quantize_int8_tokens(x)
+        y = torch._int_mm(xq, self.weight.t())
+        return (y.float() * xs * self.scale_row).to(x.dtype)
+
+
+class Int4Linear(QuantLinear):
+    """W4A16 from an Int4Weight (GPTQ/AWQ/RTN all arrive in that form)."""
+
+    def __init__(self, w: Int4Weight, bias, dtype, device):
+        n, k = w.q.shape
+        super().__init__(k, n, bias, dtype, device)
+        self.group_size = w.group_size
+        if self.on_cuda:
+            self.path = "w4a16_gemm"
+            self.register_buffer("qweight", pack_nibbles(w.q.t(), 0).to(device))
+            self.register_buffer("qzeros", pack_nibbles(w.zeros, 1).to(device))  # real zeros (v2)
+            self.register_buffer("scales", w.scales.to(device))
+            self.register_buffer("g_idx", w.g_idx.to(device))
+            return
+        perm = _contiguous_group_order(w.g_idx, w.group_size)
+        if n % 16 == 0 and w.group_size in INT4PACK_GROUPS and perm is not None:
+            self.path = "int4pack"
+            q = w.q.long()[:, perm].to(torch.int32)
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+            # The op computes (q - 8) * scale + zero; ours is (q - z) * s = (q - 8) * s + (8 - z) * s.
+            s = w.scales.float()
+            shift = (8 - w.zeros.float()) * s
+            self.register_buffer("scales_zeros", torch.stack([s, shift], dim=-1).to(torch.bfloat16).contiguous())
+            identity = torch.equal(perm, torch.arange(k))
+            self.register_buffer("perm", None if identity else perm)
+        else:
+            # Shapes the packed op cannot take (N % 16, odd group sizes, uneven act-order groups).
+            self.path = "dequantized"
+            self.register_buffer("weight", w.dequantize(dtype).to(device))
+
+    def _matmul(self, x):
+        if self.on_cuda:
+            return _kernels().w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
+        if self.path == "dequantized":
+            return F.linear(x, self.weight)
+        xb = x.to(torch.bfloat16)
+        if self.perm is not None:
+            xb = xb[:, self.perm]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, self.group_size, self.scales_zeros)
+        return y.to(x.dtype)
+
+
+def _contiguous_group_order(g_idx: torch.Tensor, group_size: int) -> torch.Tensor | None:
+    """A column order in which group i is exactly columns [i*g, (i+1)*g), or None if none exists."""
+    k = g_idx.numel()
+    if k % group_size:
+        return None
+    perm = torch.argsort(g_idx.long(), stable=True)
+    if not torch.equal(g_idx.long()[perm], torch.arange(k) // group_size):
+        return None
+    return perm
