@@ -1,0 +1,229 @@
+"""The Python face of speclite: LLM, SamplingParams, SpecConfig."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from speclite import hub
+from speclite.engine.engine import Chunk, Engine, RequestOutput
+from speclite.engine.loop import Speculation
+from speclite.engine.sampling import SamplingParams
+from speclite.errors import SpecliteError
+from speclite.model import Transformer, load_model
+from speclite.model.loader import resolve_device, resolve_dtype
+from speclite.spec import build_proposer, needs_draft_model, normalize_method
+from speclite.spec.schedule import AdaptiveSpecLength, SpecLength
+from speclite.spec.verify import get_verifier
+
+ACCEPT_POLICIES = ("normal", "accept_all", "reject_all")
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass
+class SpecConfig:
+    method: str = "none"  # none, naive, vanilla, deterministic
+    k: int | str = 4  # drafts per iteration, or "auto"
+    draft: str | None = None  # model for vanilla (alias, repo id or directory)
+    draft_quant: str | None = None
+    min_match: int = 1  # prompt lookup n-gram bounds
+    max_match: int = 3
+    verify: str | None = None  # None: greedy at temperature 0, rejection otherwise
+    accept_policy: str = "normal"
+
+    @classmethod
+    def from_vllm(cls, config: dict) -> "SpecConfig":
+        """A vLLM-style speculative_config dict."""
+        known = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max",
+                 "quantization", "verify", "accept_policy"}
+        unknown = set(config) - known
+        if unknown:
+            raise SpecliteError(f"unknown speculative_config keys: {', '.join(sorted(unknown))}")
+        method = config.get("method") or ("vanilla" if config.get("model") else "none")
+        return cls(
+            method=method,
+            k=config.get("num_speculative_tokens", 4),
+            draft=config.get("model"),
+            draft_quant=config.get("quantization"),
+            min_match=config.get("prompt_lookup_min", 1),
+            max_match=config.get("prompt_lookup_max", 3),
+            verify=config.get("verify"),
+            accept_policy=config.get("accept_policy", "normal"),
+        )
+
+    def validated(self) -> "SpecConfig":
+        method = normalize_method(self.method)
+        k = self.k
+        if isinstance(k, str):
+            if k != "auto" and not k.isdigit():
+                raise SpecliteError(f"--gen-num-per-cycle must be a number or 'auto', got '{k}'")
+            k = k if k == "auto" else int(k)
+        if k != "auto" and not 0 <= k <= 64:
+            raise SpecliteError(f"--gen-num-per-cycle must be between 0 and 64, got {k}")
+        if not 1 <= self.min_match <= self.max_match:
+            raise SpecliteError(
+                f"need 1 <= --sp-min-token-match ({self.min_match}) <= --sp-max-token-match ({self.max_match})"
+            )
+        if self.accept_policy not in ACCEPT_POLICIES:
+            raise SpecliteError(f"unknown accept policy '{self.accept_policy}': choose from {', '.join(ACCEPT_POLICIES)}")
+        return replace(self, method=method, k=k)
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as e:
+        raise SpecliteError(f"{model_dir}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None
+
+
+def eos_ids(model_dir: Path, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen_config = model_dir / "generation_config.json"
+    if gen_config.exists():
+        eos = json.loads(gen_config.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Drafts are token ids: both models must mean the same thing by each id."""
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise SpecliteError(
+            f"draft '{draft_name}' and target '{target_name}' use different tokenizers "
+            f"({len(draft_tok)} vs {len(target_tok)} tokens): pick a draft of the same model family"
+        )
+
+
+def _load(model_dir: Path, device, dtype, quant: str | None) -> Transformer:
+    model = load_model(model_dir, device=device, dtype=dtype)
+    if quant:
+        from speclite.quant import quantize_model
+
+        model = quantize_model(model, quant)
+    return model
+
+
+class LLM:
+    """A target model, optionally with a speculative proposer, ready to generate.
+
+    >>> llm = LLM("tiny-code", speculative_config={"method": "vanilla", "num_speculative_tokens": 4})
+    >>> llm.generate("def add(a, b):", SamplingParams(max_new_tokens=32))[0].text
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        speculative_config: dict | SpecConfig | None = None,
+        *,
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        quant: str | None = None,
+        models_file: str | os.PathLike | None = None,
+        max_model_len: int | None = None,
+    ):
+        if isinstance(speculative_config, dict):
+            speculative_config = SpecConfig.from_vllm(speculative_config)
+        self.spec_config = (speculative_config or SpecConfig()).validated()
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model_name, self.quant = str(model), quant
+        self.model_dir = hub.resolve(model, models_file)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.target = _load(self.model_dir, self.device, self.dtype, quant)
+        context = self.target.args.max_position_embeddings
+        self.max_len = min(context, max_model_len or DEFAULT_CONTEXT)
+        if max_model_len and max_model_len > context:
+            raise SpecliteError(f"--max-model-len {max_model_len} exceeds the model's context of {context}")
+        self.draft_name = None
+        self.engine = Engine(self.target, self.tokenizer, eos_ids(self.model_dir, self.tokenizer), self.max_len)
+        self.engine.spec = self._speculation(models_file)
+
+    def _speculation(self, models_file) -> Speculation | None:
+        cfg = self.spec_config
+        if cfg.method == "none":
+            return None
+        draft_model = None
+        if needs_draft_model(cfg.method):
+            draft = cfg.draft or hub.recommended_draft(self.model_name, models_file)
+            if draft is None:
+                raise SpecliteError(
+                    f"--sp-type {cfg.method} needs --draft: models.toml recommends no draft for '{self.model_name}'"
+                )
+            draft_dir = hub.resolve(draft, models_file)
+            check_same_tokenizer(self.tokenizer, load_tokenizer(draft_dir), self.model_name, str(draft))
+            draft_model = _load(draft_dir, self.device, self.dtype, cfg.draft_quant)
+            self.draft_name = str(draft)
+        proposer = build_proposer(cfg, draft_model, self.max_len, self.target.args.vocab_size)
+        length = AdaptiveSpecLength() if cfg.k == "auto" else SpecLength(0 if cfg.method == "naive" else cfg.k)
+        # The verifier depends on the request's temperature: it is picked per request.
+        return Speculation(proposer, None, length, cfg.accept_policy)
+
+    # -- prompts -----------------------------------------------------------------------------
+
+    def encode(self, prompt: str | list[dict]) -> list[int]:
+        """Token ids of a raw prompt, or of chat messages rendered with the model's chat template."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if not self.tokenizer.chat_template:
+            raise SpecliteError(f"model '{self.model_name}' has no chat template: pass a plain prompt")
+        text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _extra(self, extra_config: dict | None) -> dict:
+        extra = dict(extra_config or {})
+        advice = extra.pop("sp_advice_prompt", None)
+        if advice:
+            extra["sp_advice_ids"] = self.tokenizer.encode(advice, add_special_tokens=False)
+        return extra
+
+    def _prepare(self, params: SamplingParams) -> None:
+        if self.engine.spec is not None:
+            self.engine.spec.verifier = get_verifier(self.spec_config.verify, params)
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt: str | list[dict],
+        params: SamplingParams | None = None,
+        extra_config: dict | None = None,
+        result: list | None = None,
+    ) -> Iterator[Chunk]:
+        """Chunks of one prompt's answer as they are verified; the RequestOutput lands in `result`."""
+        params = params or SamplingParams()
+        self._prepare(params)
+        return self.engine.stream(self.encode(prompt), params, self._extra(extra_config), result)
+
+    def generate(
+        self,
+        prompts: str | list[dict] | list[str | list[dict]],
+        params: SamplingParams | None = None,
+        extra_config: dict | None = None,
+    ) -> list[RequestOutput]:
+        """Outputs for one prompt or a list of them (a prompt is a string or chat messages)."""
+        params = params or SamplingParams()
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], dict)):
+            prompts = [prompts]
+        self._prepare(params)
+        return [self.engine.generate(self.encode(p), params, self._extra(extra_config)) for p in prompts]
+
+    def describe(self) -> str:
+        """One line saying what was loaded."""
+        spec = self.spec_config
+        parts = [f"target {self.model_name}" + (f" [{self.quant}]" if self.quant else "")]
+        if self.draft_name:
+            parts.append(f"draft {self.draft_name}" + (f" [{spec.draft_quant}]" if spec.draft_quant else ""))
+        if spec.method != "none":
+            k = self.engine.spec.length.label
+            parts.append(f"speculation {spec.method} k={k}")
+        parts.append(f"{self.device.type} {str(self.dtype).removeprefix('torch.')}")
+        return ", ".join(parts)

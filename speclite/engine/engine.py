@@ -1,0 +1,127 @@
+"""The engine: one target (and maybe a proposer), its cache, and requests in -> text and stats out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from speclite.engine.loop import Finish, Request, Speculation, decode
+from speclite.engine.sampling import SamplingParams
+from speclite.engine.stats import RequestStats
+from speclite.errors import SpecliteError
+from speclite.model import Transformer
+
+
+@dataclass
+class RequestOutput:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: RequestStats
+    prompt_len: int = 0
+    id: object = None
+
+    @property
+    def aux_info(self) -> dict:
+        return self.stats.aux_info()
+
+
+@dataclass
+class Chunk:
+    """What one iteration added: new tokens and the text they completed (may be empty)."""
+
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class Engine:
+    target: Transformer
+    tokenizer: object  # a transformers tokenizer
+    eos_ids: set[int]
+    max_len: int
+    spec: Speculation | None = None
+    _cache: object = field(default=None, repr=False)
+    _cached_ids: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def cache(self):
+        if self._cache is None:
+            self._cache = self.target.new_cache(self.max_len)
+        return self._cache
+
+    def reset(self) -> None:
+        """Forget the cached prefix (a new conversation)."""
+        self._cached_ids = []
+        if self._cache is not None:
+            self._cache.rollback(0)
+
+    def stream(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        extra: dict | None = None,
+        result: list | None = None,
+    ) -> Iterator[Chunk]:
+        """Generate for one prompt, yielding chunks as they are verified.
+
+        The finished RequestOutput is appended to `result` (if given) when the stream ends, also
+        when the consumer stops early (Ctrl-C in chat): what was generated so far is kept.
+        """
+        if not prompt_ids:
+            raise SpecliteError("the prompt is empty")
+        if len(prompt_ids) >= self.max_len:
+            raise SpecliteError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_len} tokens"
+            )
+        cache = self.cache
+        # Reuse the longest cached prefix (earlier chat turns, a shared system prompt).
+        common = 0
+        for a, b in zip(self._cached_ids[: cache.length], prompt_ids):
+            if a != b:
+                break
+            common += 1
+        cache.rollback(min(common, cache.length))
+        request = Request(prompt_ids, params, self.eos_ids, extra or {})
+        stats, finish = RequestStats(), Finish()
+        out_ids: list[int] = []
+        text, emitted_chars, stop_at = "", 0, None
+        try:
+            with torch.inference_mode():
+                for new in decode(self.target, cache, request, stats, finish, self.spec):
+                    out_ids.extend(new)
+                    text = self.tokenizer.decode(out_ids, skip_special_tokens=True)
+                    stop_at = _find_stop(text, params.stop, emitted_chars)
+                    if stop_at is not None:
+                        finish.reason = "stop"
+                        text = text[:stop_at]
+                    # Hold back a trailing partial UTF-8 sequence until its last byte arrives.
+                    ready = len(text) if stop_at is not None else len(text.rstrip("\ufffd"))
+                    delta = text[emitted_chars:ready]
+                    emitted_chars = max(emitted_chars, ready)
+                    yield Chunk(new, delta)
+                    if stop_at is not None:
+                        break
+        finally:
+            stats.finish()
+            self._cached_ids = (prompt_ids + out_ids)[: cache.length]
+            if result is not None:
+                result.append(RequestOutput(text, out_ids, finish.reason, stats, len(prompt_ids)))
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, extra: dict | None = None) -> RequestOutput:
+        result: list[RequestOutput] = []
+        for _ in self.stream(prompt_ids, params, extra, result):
+            pass
+        return result[0]
+
+
+def _find_stop(text: str, stops: list[str], emitted: int) -> int | None:
+    """Index of the earliest stop string in text that ends past what was already emitted."""
+    best = None
+    for stop in stops:
+        i = text.find(stop, max(0, emitted - len(stop) + 1))
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best

@@ -1,0 +1,77 @@
+"""Sampling parameters, logit warping (temperature, top-k, top-p) and inverse-CDF sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from speclite.errors import SpecliteError
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.max_new_tokens < 1:
+            raise SpecliteError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise SpecliteError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SpecliteError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise SpecliteError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities [..., V] (float32) after temperature, then top-k, then top-p.
+
+    Target and draft distributions must both pass through this same function: rejection
+    sampling is lossless only when p and q are compared after identical warping.
+    """
+    logits = logits.float() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, uniform: torch.Tensor) -> int:
+    """Inverse-CDF draw from probs [V] with one uniform in [0, 1).
+
+    Every sampled token in speclite (plain decode and the verifiers) is drawn this way from the
+    request's generator, so the same seed gives the same text whichever path drew it.
+    """
+    cdf = torch.cumsum(probs.double(), dim=-1)
+    index = torch.searchsorted(cdf, uniform.double() * cdf[-1], right=True)
+    return int(index.clamp(max=probs.shape[-1] - 1))
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen

@@ -1,0 +1,86 @@
+"""Per-request speculation statistics: the aux_info of every output and the live chat panel."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestStats:
+    iter_count: int = 0
+    output_len: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    # proposed_at[i] / accepted_at[i]: drafts offered / accepted at draft position i (0 = 1st).
+    proposed_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+    done_s: float | None = None  # wall time once finished (summed when totals are merged)
+
+    def record(self, num_proposed: int, num_accepted: int, num_emitted: int) -> None:
+        """One iteration: `num_proposed` drafts, the first `num_accepted` kept, `num_emitted` tokens out."""
+        self.iter_count += 1
+        self.output_len += num_emitted
+        self.proposed += num_proposed
+        self.accepted += num_accepted
+        while len(self.proposed_at) < num_proposed:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(num_proposed):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += i < num_accepted
+
+    def merge(self, other: "RequestStats") -> None:
+        """Fold another request's figures in (session and batch totals)."""
+        self.iter_count += other.iter_count
+        self.output_len += other.output_len
+        self.proposed += other.proposed
+        self.accepted += other.accepted
+        for i in range(len(other.proposed_at)):
+            if i == len(self.proposed_at):
+                self.proposed_at.append(0)
+                self.accepted_at.append(0)
+            self.proposed_at[i] += other.proposed_at[i]
+            self.accepted_at[i] += other.accepted_at[i]
+        self.draft_s += other.draft_s
+        self.verify_s += other.verify_s
+        self.done_s = (self.done_s or 0.0) + other.elapsed_s
+
+    def finish(self) -> None:
+        self.done_s = time.perf_counter() - self.started
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.done_s if self.done_s is not None else time.perf_counter() - self.started
+
+    @property
+    def avg_tokens_per_iter(self) -> float:
+        return self.output_len / self.iter_count if self.iter_count else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def accepted_per_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_len / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def aux_info(self) -> dict:
+        return {
+            "cost_time_ms": round(self.elapsed_s * 1000, 3),
+            "output_len": self.output_len,
+            "iter_count": self.iter_count,
+            "avg_tokens_per_iter": round(self.avg_tokens_per_iter, 4),
+            "accept_rate": round(self.accept_rate, 4),
+            "accepted_per_position": [round(x, 4) for x in self.accepted_per_position],
+            "draft_time_ms": round(self.draft_s * 1000, 3),
+            "verify_time_ms": round(self.verify_s * 1000, 3),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+        }

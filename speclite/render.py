@@ -1,0 +1,25 @@
+"""Rich renderables shared by the commands: the speculation summary, the quantization report."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from speclite.engine.stats import RequestStats
+
+
+def summary_table(stats: RequestStats, title: str) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("output tokens", f"{stats.output_len}"),
+        ("tokens/s", f"{stats.tokens_per_s:.1f}"),
+        ("iterations", f"{stats.iter_count}"),
+        ("avg tokens / iteration", f"{stats.avg_tokens_per_iter:.2f}"),
+        ("accept rate", f"{stats.accept_rate:.1%}"),
+        ("accepted per position", " ".join(f"{x:.0%}" for x in stats.accepted_per_position) or "-"),
+        ("draft / verify time", f"{stats.draft_s * 1000:.0f} ms / {stats.verify_s * 1000:.0f} ms"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -1,0 +1,69 @@
+"""`vanilla`: a smaller model of the same tokenizer drafts k tokens autoregressively."""
+
+from __future__ import annotations
+
+import torch
+
+from speclite.engine.sampling import sample, warp
+from speclite.model import Transformer
+from speclite.spec.base import Proposal, Proposer, RequestContext
+
+
+class DraftModelProposer(Proposer):
+    name = "vanilla"
+
+    def __init__(self, model: Transformer, max_len: int, target_vocab: int):
+        self.model = model
+        self.cache = model.new_cache(max_len)
+        self.target_vocab = target_vocab
+        self.tokens: list[int] = []  # the sequence; its first cache.length tokens are in the cache
+        self.drafts: list[int] = []
+
+    def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
+        self.ctx = ctx
+        common = 0
+        for a, b in zip(self.tokens[: self.cache.length], prompt_ids):
+            if a != b:
+                break
+            common += 1
+        self.cache.rollback(common)
+        self.tokens = list(prompt_ids)
+
+    def _next_logits(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor(tokens, device=self.ctx.device)
+        logits = self.model(ids, self.cache, num_logits=1)[-1]
+        # Qwen-style checkpoints pad the vocabulary to different sizes: compare over the target's.
+        v = self.target_vocab
+        if logits.shape[-1] >= v:
+            return logits[:v]
+        return torch.cat([logits, logits.new_full((v - logits.shape[-1],), float("-inf"))])
+
+    def propose(self, k: int) -> Proposal:
+        if self.cache.length >= len(self.tokens):
+            self.cache.rollback(len(self.tokens) - 1)  # the last token's logits are needed again
+        pending = self.tokens[self.cache.length :]
+        k = min(k, self.cache.max_len - self.cache.length - len(pending) + 1)
+        params, gen = self.ctx.params, self.ctx.generator
+        self.drafts, probs = [], []
+        with torch.inference_mode():
+            logits = self._next_logits(pending)
+            for i in range(k):
+                if params.greedy:
+                    token = int(torch.argmax(logits))
+                else:
+                    q = warp(logits, params)
+                    token = sample(q, torch.rand((), generator=gen, device=gen.device))
+                    probs.append(q)
+                self.drafts.append(token)
+                if i < k - 1:
+                    logits = self._next_logits([token])
+        return Proposal(self.drafts, torch.stack(probs) if probs else None)
+
+    def observe(self, tokens: list[int]) -> None:
+        # The cache holds the sequence plus the drafts fed back in; keep those the target kept.
+        fed = self.cache.length - len(self.tokens)
+        kept = 0
+        while kept < min(fed, len(tokens)) and self.drafts[kept] == tokens[kept]:
+            kept += 1
+        self.cache.rollback(len(self.tokens) + kept)
+        self.tokens.extend(tokens)

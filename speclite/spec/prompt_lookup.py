@@ -1,0 +1,105 @@
+"""`deterministic`: prompt lookup (n-gram copy from prompt + output + advice) and speculative edit.
+
+Prompt lookup matches the last n tokens (n from max_match down to min_match) against everything
+seen so far and the request's `sp_advice_prompt`, and proposes what followed the most recent
+match. Speculative edit (`sp_edit=1`) treats the advice as the draft itself: a pointer walks the
+advice while the output follows it, and after a divergence re-aligns on the next n-gram match, so
+long unchanged stretches are accepted in one pass each.
+"""
+
+from __future__ import annotations
+
+from speclite.spec.base import Proposal, Proposer, RequestContext
+
+
+class NgramIndex:
+    """n-gram -> end position of its latest occurrence, kept up to date as tokens arrive."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.latest: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # n-grams ending at positions <= indexed are in `latest`
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def lookup(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
+        toks = self.tokens
+        # Index every n-gram that has at least one token after it (ends before the last position).
+        for end in range(self.indexed + 1, len(toks)):
+            for n in range(self.min_n, self.max_n + 1):
+                if end >= n:
+                    self.latest[tuple(toks[end - n : end])] = end
+        self.indexed = max(self.indexed, len(toks) - 1)
+        for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
+            end = self.latest.get(tuple(toks[-n:]))
+            if end is not None:
+                return toks[end : end + k]
+        return []
+
+
+class PromptLookupProposer(Proposer):
+    name = "deterministic"
+
+    def __init__(self, min_match: int = 1, max_match: int = 3):
+        self.min_match, self.max_match = min_match, max_match
+
+    def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
+        self.advice: list[int] = list(ctx.extra.get("sp_advice_ids", []))
+        self.edit = bool(ctx.extra.get("sp_edit")) and bool(self.advice)
+        self.context = NgramIndex(self.min_match, self.max_match)
+        self.context.extend(prompt_ids)
+        self.in_advice = NgramIndex(self.min_match, self.max_match)
+        self.in_advice.extend(self.advice)
+        self.cursor: int | None = 0 if self.edit else None  # next advice token expected (edit mode)
+        self.last_cursor = 0
+
+    def propose(self, k: int) -> Proposal:
+        if self.edit:
+            if self.cursor is None:
+                self.cursor = self._realign()
+            if self.cursor is not None and self.cursor < len(self.advice):
+                return Proposal(self.advice[self.cursor : self.cursor + k])
+        drafts = self.context.lookup(k) or self._advice_lookup(k)
+        return Proposal(drafts)
+
+    def _advice_lookup(self, k: int) -> list[int]:
+        tail = self.context.tokens[-self.max_match :]
+        for n in range(min(self.max_match, len(tail)), self.min_match - 1, -1):
+            j = _find(self.advice, tail[-n:], 0)
+            if j is not None:
+                return self.advice[j + n : j + n + k]
+        return []
+
+    def _realign(self) -> int | None:
+        """After a divergence, the advice position following the output's latest n-gram."""
+        tail = self.context.tokens[-self.max_match :]
+        for n in range(min(self.max_match, len(tail)), self.min_match - 1, -1):
+            # Prefer the next occurrence at or after where we left the advice: edits move forward.
+            j = _find(self.advice, tail[-n:], self.last_cursor)
+            if j is None:
+                j = _find(self.advice, tail[-n:], 0)
+            if j is not None:
+                return j + n
+        return None
+
+    def observe(self, tokens: list[int]) -> None:
+        self.context.extend(tokens)
+        if not self.edit:
+            return
+        for t in tokens:
+            if self.cursor is not None and self.cursor < len(self.advice) and self.advice[self.cursor] == t:
+                self.cursor += 1
+                self.last_cursor = self.cursor
+            else:
+                self.cursor = None
+
+
+def _find(seq: list[int], pattern: list[int], start: int) -> int | None:
+    n = len(pattern)
+    for j in range(start, len(seq) - n + 1):
+        if seq[j : j + n] == pattern:
+            return j
+    return None

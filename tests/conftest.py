@@ -1,0 +1,98 @@
+"""Tiny models built offline with transformers: random weights from configs, saved with save_pretrained."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach the hub
+
+import pytest
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "the quick brown fox jumps over the lazy dog.",
+    "import os\nimport sys\n\nclass Config:\n    name = 'speclite'\n",
+    '{"id": 1, "name": "value", "items": [1, 2, 3]}',
+]
+
+
+def make_tokenizer(vocab_size: int = 320):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, chat_template=CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+
+
+CONFIGS = {
+    "llama": dict(tie_word_embeddings=False),
+    "qwen2": dict(tie_word_embeddings=True),
+    "qwen3": dict(head_dim=24, tie_word_embeddings=True),
+    "mistral": dict(tie_word_embeddings=False),
+}
+
+
+def save_model(path, family: str = "qwen2", seed: int = 0, hidden: int = 64, layers: int = 2, vocab_pad: int = 0,
+               tokenizer=None, **overrides):
+    """A random model of `family` with the test tokenizer, saved as an HF model directory."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    tokenizer = tokenizer or make_tokenizer()
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}[family]
+    kwargs = dict(
+        vocab_size=len(tokenizer) + vocab_pad, hidden_size=hidden, intermediate_size=2 * hidden + 32,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, pad_token_id=tokenizer.pad_token_id,
+    )
+    kwargs.update(CONFIGS[family])
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cls(**kwargs))
+    # Random init is near-uniform; sharper logits make greedy paths and acceptance meaningful.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0) if not kwargs.get("tie_word_embeddings") else model.get_input_embeddings().weight.mul_(4.0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory, tokenizer):
+    """family -> directory of a saved tiny random model."""
+    root = tmp_path_factory.mktemp("models")
+    return {family: _saved(root / family, family, tokenizer) for family in CONFIGS}
+
+
+def _saved(path, family, tokenizer, **kw):
+    save_model(path, family, tokenizer=tokenizer, **kw)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory, tokenizer):
+    """(target_dir, draft_dir): a Qwen2 target and a smaller, different draft with a padded vocab."""
+    root = tmp_path_factory.mktemp("pair")
+    target = _saved(root / "target", "qwen2", tokenizer, seed=1, hidden=96, layers=3)
+    draft = _saved(root / "draft", "qwen2", tokenizer, seed=2, hidden=48, layers=1, vocab_pad=16)
+    return target, draft

@@ -1,0 +1,107 @@
+"""Plain generation: greedy equals transformers' generate; sampling, stop strings, limits."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from speclite import LLM, SamplingParams
+from speclite.engine.sampling import sample, warp
+
+PROMPTS = ["def add(a, b):", "the quick brown", "import os\nimport sys\n", '{"id": 1, "name":']
+
+
+def hf_greedy(model_dir, tokenizer, prompt, n):
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    out = ref.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                       pad_token_id=tokenizer.pad_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_greedy_equals_transformers_generate(model_dirs, tokenizer, family):
+    llm = LLM(model_dirs[family], device="cpu")
+    outputs = llm.generate(PROMPTS, SamplingParams(max_new_tokens=24))
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out.token_ids == hf_greedy(model_dirs[family], tokenizer, prompt, 24)
+        assert out.finish_reason in ("length", "stop")
+        assert out.aux_info["output_len"] == len(out.token_ids)
+
+
+def test_chat_messages_use_the_template(model_dirs, tokenizer):
+    llm = LLM(model_dirs["qwen2"])
+    messages = [{"role": "user", "content": "hi"}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert llm.encode(messages) == tokenizer.encode(rendered, add_special_tokens=False)
+    assert llm.generate(messages, SamplingParams(max_new_tokens=5))[0].token_ids
+
+
+def test_stop_string_truncates_text(model_dirs):
+    llm = LLM(model_dirs["qwen2"])
+    full = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=30, ignore_eos=True))[0]
+    stop = full.text[5:8]
+    out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=30, stop=[stop], ignore_eos=True))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[: full.text.index(stop)]
+    assert full.token_ids[: len(out.token_ids)] == out.token_ids
+
+
+def test_eos_stops_generation(model_dirs, tokenizer):
+    llm = LLM(model_dirs["qwen2"])
+    free = llm.generate("the quick brown", SamplingParams(max_new_tokens=12, ignore_eos=True))[0]
+    llm.engine.eos_ids = {free.token_ids[3]}  # pretend the 4th token is EOS
+    out = llm.generate("the quick brown", SamplingParams(max_new_tokens=12))[0]
+    first = free.token_ids.index(free.token_ids[3])
+    assert out.token_ids == free.token_ids[: first + 1]
+    assert out.finish_reason == "stop"
+
+
+def test_max_new_tokens_is_exact(model_dirs):
+    llm = LLM(model_dirs["llama"])
+    out = llm.generate("for i in", SamplingParams(max_new_tokens=7, ignore_eos=True))[0]
+    assert len(out.token_ids) == 7 and out.finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible_and_varies(model_dirs):
+    llm = LLM(model_dirs["qwen2"])
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=7, ignore_eos=True)
+    a, b = (llm.generate("def add", params)[0].token_ids for _ in range(2))
+    assert a == b
+    others = {tuple(llm.generate("def add", SamplingParams(max_new_tokens=16, temperature=1.0, seed=s,
+                                                           ignore_eos=True))[0].token_ids) for s in range(5)}
+    assert len(others) > 1
+
+
+def test_warp_matches_reference_math():
+    torch.manual_seed(0)
+    logits = torch.randn(50, dtype=torch.float64)
+    params = SamplingParams(temperature=0.7, top_k=10, top_p=0.8)
+    probs = warp(logits, params).double()
+    # Independent: temperature, keep the 10 largest, then the smallest prefix with mass >= 0.8.
+    p = torch.softmax(logits / 0.7, dim=-1)
+    order = torch.argsort(p, descending=True)
+    top = order[:10]
+    q = p[top] / p[top].sum()
+    keep, mass = [], 0.0
+    for idx, pr in zip(top.tolist(), q.tolist()):
+        keep.append(idx)
+        mass += pr
+        if mass >= 0.8:
+            break
+    expected = torch.zeros_like(p)
+    expected[keep] = p[keep] / p[keep].sum()
+    assert torch.allclose(probs, expected, atol=1e-6)
+
+
+def test_inverse_cdf_sample_follows_probs():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    picks = [sample(probs, torch.tensor(u)) for u in (0.05, 0.1, 0.5, 0.69, 0.71, 0.99)]
+    assert picks == [0, 2, 2, 2, 3, 3]
+
+
+def test_prompt_longer_than_context_is_clear(model_dirs):
+    from speclite.errors import SpecliteError
+
+    llm = LLM(model_dirs["qwen2"], max_model_len=16)
+    with pytest.raises(SpecliteError, match="does not fit the context"):
+        llm.generate("the quick brown fox " * 20, SamplingParams(max_new_tokens=4))

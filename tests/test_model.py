@@ -1,0 +1,87 @@
+"""Our decoder's logits against transformers' own implementation of each family."""
+
+import pytest
+import torch
+from conftest import CONFIGS, save_model
+from transformers import AutoModelForCausalLM
+
+from speclite.errors import SpecliteError
+from speclite.model import load_model
+
+ROPE_VARIANTS = {
+    "llama3": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "yarn": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}),
+    "linear": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+}
+
+
+def reference_logits(model_dir, ids):
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return ref(ids[None]).logits[0]
+
+
+def check_against_reference(model_dir, seed=0):
+    torch.manual_seed(seed)
+    ids = torch.randint(0, 300, (40,))
+    expected = reference_logits(model_dir, ids)
+    model = load_model(model_dir, device="cpu")
+    with torch.no_grad():
+        cache = model.new_cache(64)
+        prefill = model(ids[:25], cache)  # prefill
+        steps = torch.cat([model(ids[i : i + 1], cache) for i in range(25, 30)])  # one-token decode
+        cache.rollback(27)  # drop 3 tokens, then a multi-token (verification-shaped) forward
+        verify = model(ids[27:40], cache)
+    assert (prefill - expected[:25]).abs().max() <= 1e-4
+    assert (steps - expected[25:30]).abs().max() <= 1e-4
+    assert (verify - expected[27:40]).abs().max() <= 1e-4
+    assert cache.length == 40
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_logits_match_transformers(model_dirs, family):
+    check_against_reference(model_dirs[family])
+
+
+@pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
+def test_rope_scaling_matches_transformers(tmp_path, tokenizer, variant):
+    family, overrides = ROPE_VARIANTS[variant]
+    save_model(tmp_path, family, tokenizer=tokenizer, seed=3, **overrides)
+    check_against_reference(tmp_path, seed=1)
+
+
+def test_sharded_checkpoint_loads(tmp_path, tokenizer):
+    model = save_model(tmp_path / "full", "qwen2", tokenizer=tokenizer, seed=4)
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    check_against_reference(tmp_path / "sharded")
+
+
+def test_unsupported_architecture_is_named(tmp_path, model_dirs):
+    import json
+    import shutil
+
+    shutil.copytree(model_dirs["llama"], tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecliteError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
+        load_model(tmp_path / "m")
+
+
+def test_truncated_safetensors_is_a_clear_error(tmp_path, model_dirs):
+    import shutil
+
+    shutil.copytree(model_dirs["qwen2"], tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(SpecliteError, match="corrupt or truncated"):
+        load_model(tmp_path / "m")
+
+
+def test_context_overflow_is_a_clear_error(model_dirs):
+    model = load_model(model_dirs["qwen2"])
+    cache = model.new_cache(8)
+    with pytest.raises(SpecliteError, match="exceeds the context"):
+        model(torch.arange(9), cache)
