@@ -47,7 +47,7 @@ def _fp8_block_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr,
     M, N, K, a_groups, w_kblocks,
     GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -57,7 +57,7 @@ def _fp8_block_gemm_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     w_scale_rows = ws_ptr + (offs_n // GROUP_N) * w_kblocks
-    first, last = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    first, last = split_k_range(pid_k, K, BLOCK_K, tl.num_programs(2))
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kt in range(first, last):
@@ -71,10 +71,8 @@ def _fp8_block_gemm_kernel(
         w_scale = tl.load(w_scale_rows + kg, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * a_scale[:, None] * w_scale[None, :]
 
-    if SPLIT_K == 1:
-        dst = out_ptr + offs_m[:, None] * N + offs_n[None, :]
-    else:
-        dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
+    # split pid_k writes its fp32 partial to workspace slice pid_k; without split-K, pid_k = 0: the output
+    dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -92,7 +90,7 @@ def fp8_block_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: t
         _fp8_block_gemm_kernel[grid](
             xq, x_scales, weight, weight_scale_inv, target, m, n, k, x_scales.shape[1], weight_scale_inv.shape[1],
             GROUP_N=group_n, GROUP_K=group_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return finish_split_k(out, target, cfg.split_k)
 

@@ -42,7 +42,7 @@ def per_token_quant_int8(x: torch.Tensor):
 @triton.jit
 def _int8_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -51,7 +51,7 @@ def _int8_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    first, last = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    first, last = split_k_range(pid_k, K, BLOCK_K, tl.num_programs(2))
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     for kt in range(first, last):
@@ -64,10 +64,8 @@ def _int8_gemm_kernel(
     a_scale = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     w_scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
     y = acc.to(tl.float32) * a_scale[:, None] * w_scale[None, :]
-    if SPLIT_K == 1:
-        dst = out_ptr + offs_m[:, None] * N + offs_n[None, :]
-    else:
-        dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
+    # split pid_k writes its fp32 partial to workspace slice pid_k; without split-K, pid_k = 0: the output
+    dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
     tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -82,7 +80,7 @@ def int8_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.
         out, target = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device)
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
         _int8_gemm_kernel[grid](xq, x_scales, weight, w_scale, target, m, n, k, BLOCK_M=cfg.block_m,
-                                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+                                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return finish_split_k(out, target, cfg.split_k)
 

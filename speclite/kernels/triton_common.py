@@ -44,10 +44,10 @@ def finish_split_k(out: torch.Tensor, target: torch.Tensor, split_k: int) -> tor
 
 
 @triton.jit
-def split_k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+def split_k_range(pid_k, K, BLOCK_K: tl.constexpr, split_k):
     """The [first, last) K-tile range of split pid_k: contiguous chunks of equal tile count."""
     k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    per_split = tl.cdiv(k_tiles, split_k)
     first = pid_k * per_split
     last = tl.minimum(first + per_split, k_tiles)
     return first, last

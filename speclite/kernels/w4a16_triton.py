@@ -1,9 +1,10 @@
 """Triton W4A16 GEMM: int4 unpack and dequantize fused into the matmul's K loop.
 
-One kernel body serves both shapes: with BLOCK_M=16 and SPLIT_K>1 it is the GEMV-shaped
-split-K variant for decode and k+1-token verify (M = 1..16: memory bound, so many programs
-stream disjoint K ranges of the weight), with large tiles and SPLIT_K=1 it is the tiled
-prefill GEMM. The tuner picks per shape.
+One kernel body serves both shapes: with BLOCK_M=16 and a split-K grid it is the GEMV-shaped
+variant for decode and k+1-token verify (M = 1..16: memory bound, so many programs stream
+disjoint K ranges of the weight), with large tiles and one split it is the tiled prefill GEMM.
+The split count is the grid's third axis, not a constexpr, so splits share one compile.
+The tuner picks per shape.
 """
 
 from typing import Optional
@@ -21,7 +22,7 @@ def _w4a16_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, gidx_ptr, out_ptr,
     M, N, K, stride_xm,
     GROUP_SIZE: tl.constexpr, HAS_GIDX: tl.constexpr, TILE_IN_ONE_GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -32,7 +33,7 @@ def _w4a16_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     zero_shift = (offs_n % 8) * 4
-    first, last = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    first, last = split_k_range(pid_k, K, BLOCK_K, tl.num_programs(2))
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kt in range(first, last):
@@ -60,10 +61,8 @@ def _w4a16_kernel(
         w = ((q - zero).to(tl.float32) * scale).to(a.dtype)
         acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
 
-    if SPLIT_K == 1:
-        dst = out_ptr + offs_m[:, None] * N + offs_n[None, :]
-    else:
-        dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
+    # split pid_k writes its fp32 partial to workspace slice pid_k; without split-K, pid_k = 0: the output
+    dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -84,7 +83,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
             m, n, k, x.stride(0),
             GROUP_SIZE=group_size, HAS_GIDX=gidx is not None,
             TILE_IN_ONE_GROUP=gidx is None and group_size % cfg.block_k == 0,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             DOT_PRECISION=dot_precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return finish_split_k(out, target, cfg.split_k)

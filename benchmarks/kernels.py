@@ -1,0 +1,196 @@
+"""Kernel benchmarks on one CUDA GPU: speclite's Triton kernels vs torch's own ops.
+
+Shapes are the linear layers of a Qwen2.5-7B-sized decoder (hidden 3584, intermediate 18944,
+4 KV heads of 128) at decode/verify batch M in {1, 4, 8, 16} and one prefill M. Every time is
+the median of CUDA-event timings with L2 flushed before each rep (small layers would otherwise
+be served from L2). Reported: achieved GB/s against the measured device copy bandwidth,
+TFLOP/s against the measured bf16 matmul rate, and the time ratio to torch's bf16 matmul (for
+FP8 also to torch._scaled_mm, for int8 to torch._int_mm) on the same shape. A relative error
+against the torch path is printed with each row as a sanity check.
+
+    python benchmarks/kernels.py [--prefill-m 2048] [--reps 50]
+"""
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+HIDDEN, INTERMEDIATE, KV = 3584, 18944, 4 * 128
+LAYERS = {  # name: (N, K) of y[M, N] = x[M, K] @ W^T
+    "qkv_proj": (HIDDEN + 2 * KV, HIDDEN),
+    "o_proj": (HIDDEN, HIDDEN),
+    "gate_up_proj": (2 * INTERMEDIATE, HIDDEN),
+    "down_proj": (HIDDEN, INTERMEDIATE),
+}
+DECODE_M = (1, 4, 8, 16)
+VOCAB = 152064  # Qwen2.5 vocabulary, for the verification kernels
+
+_flush = None
+
+
+def median_ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        _flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(reps: int) -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), reps)
+    return 2 * src.numel() / ms / 1e6  # read + write
+
+
+def bf16_matmul_tflops(reps: int) -> float:
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    ms = median_ms(lambda: a @ b, reps)
+    return 2 * 8192**3 / ms / 1e9
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-12)).item()
+
+
+def make_w4a16(n: int, k: int, group: int = 128):
+    groups = k // group
+    qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, device="cuda")
+    qzeros = torch.randint(-2**31, 2**31 - 1, (groups, n // 8), dtype=torch.int32, device="cuda")
+    scales = (torch.rand(groups, n, device="cuda") * 2e-3 + 1e-3).half()
+    nbytes = qweight.numel() * 4 + qzeros.numel() * 4 + scales.numel() * 2
+    return (qweight, qzeros, scales, None, group), nbytes
+
+
+def make_fp8(n: int, k: int):
+    w = torch.randn(n, k, device="cuda").clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(-(-n // 128), -(-k // 128), device="cuda") * 1e-3 + 1e-4
+    return (w, s), w.numel() + s.numel() * 4
+
+
+def make_int8(n: int, k: int):
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda")
+    s = torch.rand(n, 1, device="cuda") * 1e-2 + 1e-3
+    return (w, s), w.numel() + s.numel() * 4
+
+
+def torch_path(fn, *args):
+    from speclite.kernels import force_torch
+
+    force_torch(True)
+    try:
+        return fn(*args)
+    finally:
+        force_torch(False)
+
+
+def bench_gemms(m_values, reps, bw_gbs, peak_tflops):
+    import speclite.kernels as K
+    from speclite.kernels.dispatch import fp8_dot_supported
+
+    print(f"{'kernel':10} {'layer':13} {'M':>5} {'ms':>8} {'GB/s':>7} {'%bw':>5} {'TFLOP/s':>8} {'%mm':>5} "
+          f"{'bf16 ms':>8} {'x bf16':>7} {'vendor ms':>9} {'x vendor':>8} {'rel err':>8}")
+    for name, (n, k) in LAYERS.items():
+        w_bf16 = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+        made = {"w4a16": make_w4a16(n, k), "w8a8-int8": make_int8(n, k)}
+        if fp8_dot_supported(w_bf16):  # fp8 tensor cores: Ada/Hopper and newer
+            made["fp8-block"] = make_fp8(n, k)
+        for m in m_values:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            bf16_ms = median_ms(lambda: x @ w_bf16.T, reps)
+            for kind, (args, w_bytes) in made.items():
+                if kind == "w4a16":
+                    fn = K.w4a16_gemm
+                    vendor = None
+                elif kind == "fp8-block":
+                    fn = K.fp8_block_gemm
+                    vendor = scaled_mm_call(x, args[0])
+                else:
+                    fn = K.int8_gemm
+                    vendor = int_mm_call(x, args[0])
+                y = fn(x, *args)  # first call tunes the launch config for this shape
+                err = rel_err(y, torch_path(fn, x, *args))
+                ms = median_ms(lambda: fn(x, *args), reps)
+                nbytes = w_bytes + x.numel() * 2 + m * n * 2
+                gbs = nbytes / ms / 1e6
+                tflops = 2 * m * n * k / ms / 1e9
+                vendor_ms = median_ms(vendor, reps) if vendor else float("nan")
+                print(f"{kind:10} {name:13} {m:5d} {ms:8.4f} {gbs:7.0f} {100 * gbs / bw_gbs:4.0f}% {tflops:8.2f} "
+                      f"{100 * tflops / peak_tflops:4.0f}% {bf16_ms:8.4f} {bf16_ms / ms:7.2f} {vendor_ms:9.4f} "
+                      f"{vendor_ms / ms:8.2f} {err:8.1e}")
+
+
+def scaled_mm_call(x: torch.Tensor, w_fp8: torch.Tensor):
+    """torch._scaled_mm with per-tensor scales on pre-quantized x (padded to M % 16 == 0): no
+    block scales and no activation quantization, so it is a lower bound for the fp8 GEMM itself."""
+    m = x.shape[0]
+    xq = torch.nn.functional.pad(x, (0, 0, 0, -m % 16)).to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    return lambda: torch._scaled_mm(xq, w_fp8.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def int_mm_call(x: torch.Tensor, w_int8: torch.Tensor):
+    """torch._int_mm on pre-quantized x, padded to the M > 16 its CUDA kernel requires."""
+    m = x.shape[0]
+    xq = torch.nn.functional.pad(x, (0, 0, 0, max(0, 17 - m))).clamp(-127, 127).to(torch.int8)
+    xq = torch.nn.functional.pad(xq, (0, 0, 0, -xq.shape[0] % 8))
+    return lambda: torch._int_mm(xq, w_int8.T)
+
+
+def bench_verify(reps):
+    import speclite.kernels as K
+
+    print(f"\n{'verify':10} {'k':>3} {'triton ms':>10} {'torch ms':>9} {'x torch':>8}   (V={VOCAB}, one sequence)")
+    for k in (1, 4, 8, 16):
+        q = torch.softmax(torch.randn(k, VOCAB, device="cuda"), -1)
+        p = torch.softmax(torch.randn(k + 1, VOCAB, device="cuda"), -1)
+        tokens = torch.multinomial(q, 1).view(-1)
+        u, ru = torch.rand(k, device="cuda"), torch.rand(1, device="cuda")
+        logits = torch.randn(k + 1, VOCAB, dtype=torch.bfloat16, device="cuda")
+        cases = {
+            "rejection": (K.verify_rejection, (tokens, q, p, u, ru)),
+            "greedy": (K.verify_greedy, (tokens, logits)),
+        }
+        for name, (fn, args) in cases.items():
+            got = [int(v) for v in fn(*args)]
+            assert got == [int(v) for v in torch_path(fn, *args)], f"{name} k={k}: Triton and torch paths disagree"
+            ms = median_ms(lambda: fn(*args), reps)
+            torch_ms = median_ms(lambda: torch_path(fn, *args), reps)
+            print(f"{name:10} {k:3d} {ms:10.4f} {torch_ms:9.4f} {torch_ms / ms:8.2f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prefill-m", type=int, default=2048)
+    parser.add_argument("--reps", type=int, default=50)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/kernels.py needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 1
+    from speclite.kernels.dispatch import triton_available
+
+    if not triton_available():
+        print("benchmarks/kernels.py needs triton installed (pip install 'speclite[gpu]')", file=sys.stderr)
+        return 1
+    global _flush
+    _flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")  # larger than any L2
+    bw = copy_bandwidth_gbs(args.reps)
+    peak = bf16_matmul_tflops(args.reps)
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw:.0f} GB/s, bf16 matmul {peak:.0f} TFLOP/s")
+    bench_gemms(DECODE_M + (args.prefill_m,), args.reps, bw, peak)
+    bench_verify(args.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
