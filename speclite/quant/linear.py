@@ -23,7 +23,7 @@ INT4PACK_GROUPS = (32, 64, 128, 256)
 
 
 def _kernels():
-    import speclite.kernels as kernels  # written alongside; only imported on CUDA
+    import speclite.kernels as kernels  # imported only where the kernel path is taken
 
     return kernels
 
@@ -31,11 +31,13 @@ def _kernels():
 class QuantLinear(nn.Module):
     """Shared shape handling and bias; subclasses implement _matmul on a 2-D input."""
 
-    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, dtype, device):
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, dtype, device, kernels=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.dtype = dtype
-        self.on_cuda = torch.device(device).type == "cuda"
+        # kernels=None: speclite.kernels on CUDA, torch's CPU fast path elsewhere. Tests pass True on
+        # the CPU to run the kernel path (the kernels' own torch reference there).
+        self.use_kernels = torch.device(device).type == "cuda" if kernels is None else kernels
         self.bias = None if bias is None else nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,10 +52,10 @@ class QuantLinear(nn.Module):
 
 
 class Fp8Linear(QuantLinear):
-    def __init__(self, weight, scale_inv, block, bias, dtype, device):
+    def __init__(self, weight, scale_inv, block, bias, dtype, device, kernels=None):
         n, k = weight.shape
-        super().__init__(k, n, bias, dtype, device)
-        if self.on_cuda:
+        super().__init__(k, n, bias, dtype, device, kernels)
+        if self.use_kernels:
             self.path = "fp8_block_gemm"
             self.block = tuple(block)
             self.register_buffer("weight", weight.to(device))
@@ -63,7 +65,7 @@ class Fp8Linear(QuantLinear):
             self.register_buffer("weight", dequantize_fp8_blocks(weight, scale_inv, block, dtype).to(device))
 
     def _matmul(self, x):
-        if self.on_cuda:
+        if self.use_kernels:
             return _kernels().fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block)
         return F.linear(x, self.weight)
 
@@ -71,18 +73,18 @@ class Fp8Linear(QuantLinear):
 class Int8Linear(QuantLinear):
     """W8A8: int8 per-channel weights, activations quantized per token at run time."""
 
-    def __init__(self, weight, weight_scale, bias, dtype, device):
+    def __init__(self, weight, weight_scale, bias, dtype, device, kernels=None):
         n, k = weight.shape
-        super().__init__(k, n, bias, dtype, device)
-        self.path = "int8_gemm" if self.on_cuda else "_int_mm"
+        super().__init__(k, n, bias, dtype, device, kernels)
+        self.path = "int8_gemm" if self.use_kernels else "_int_mm"
         self.register_buffer("weight", weight.to(torch.int8).to(device))
         self.register_buffer("weight_scale", weight_scale.float().reshape(n, 1).to(device))
-        if not self.on_cuda:
+        if not self.use_kernels:
             # _int_mm wants the [K, N] operand; a transposed view of the row-major weight is its fast layout.
             self.register_buffer("scale_row", self.weight_scale.reshape(1, n).clone())
 
     def _matmul(self, x):
-        if self.on_cuda:
+        if self.use_kernels:
             return _kernels().int8_gemm(x, self.weight, self.weight_scale)
         xq, xs = quantize_int8_tokens(x)
         y = torch._int_mm(xq, self.weight.t())
@@ -92,11 +94,11 @@ class Int8Linear(QuantLinear):
 class Int4Linear(QuantLinear):
     """W4A16 from an Int4Weight (GPTQ/AWQ/RTN all arrive in that form)."""
 
-    def __init__(self, w: Int4Weight, bias, dtype, device):
+    def __init__(self, w: Int4Weight, bias, dtype, device, kernels=None):
         n, k = w.q.shape
-        super().__init__(k, n, bias, dtype, device)
+        super().__init__(k, n, bias, dtype, device, kernels)
         self.group_size = w.group_size
-        if self.on_cuda:
+        if self.use_kernels:
             self.path = "w4a16_gemm"
             self.register_buffer("qweight", pack_nibbles(w.q.t(), 0).to(device))
             self.register_buffer("qzeros", pack_nibbles(w.zeros, 1).to(device))  # real zeros (v2)
@@ -120,7 +122,7 @@ class Int4Linear(QuantLinear):
             self.register_buffer("weight", w.dequantize(dtype).to(device))
 
     def _matmul(self, x):
-        if self.on_cuda:
+        if self.use_kernels:
             return _kernels().w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
         if self.path == "dequantized":
             return F.linear(x, self.weight)
