@@ -32,7 +32,9 @@ def make_case(m, k, n, group_size, act_order, dtype, seed):
     q = torch.randint(0, 16, (k, n), generator=gen)
     zeros = torch.randint(0, 16, (groups, n), generator=gen)
     scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.005).to(torch.float16)
-    if act_order:  # desc_act checkpoints: channel k belongs to a shuffled group
+    if act_order == "plain":  # checkpoints without desc_act still ship g_idx = k // group_size
+        g_idx = (torch.arange(k) // group_size).to(torch.int32)
+    elif act_order:  # desc_act checkpoints: channel k belongs to a shuffled group
         g_idx = (torch.randperm(k, generator=gen) // group_size).to(torch.int32)
     else:
         g_idx = None
@@ -75,6 +77,7 @@ def test_public_function_on_cpu_takes_torch_path():
     (4, 104, 16, 32, True, torch.float16, (16, 16, 32, 4)),
     # prefill-like tiling with ragged M
     (19, 96, 40, 32, True, torch.float32, (16, 32, 32, 1)),
+    (2, 80, 16, 32, "plain", torch.float16, (16, 16, 32, 2)),  # trivial g_idx takes the per-tile scale path
 ])
 def test_triton_matches_reference(m, k, n, group_size, act_order, dtype, cfg):
     triton_mod = pytest.importorskip("speclite.kernels.w4a16_triton")

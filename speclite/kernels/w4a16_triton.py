@@ -7,6 +7,7 @@ The split count is the grid's third axis, not a constexpr, so splits share one c
 The tuner picks per shape.
 """
 
+import weakref
 from typing import Optional
 
 import torch
@@ -66,6 +67,24 @@ def _w4a16_kernel(
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+_trivial_gidx: dict = {}  # id(g_idx) -> (weakref to it, its version, is it k // group_size)
+
+
+def _drop_trivial_gidx(g_idx: Optional[torch.Tensor], group_size: int) -> Optional[torch.Tensor]:
+    """None when g_idx is just k // group_size (checkpoints without act-order still ship one):
+    the kernel then loads one scale row per K tile instead of gathering per channel. The check
+    syncs once per g_idx tensor, so run each layer once before capturing a CUDA graph."""
+    if g_idx is None:
+        return None
+    entry = _trivial_gidx.get(id(g_idx))
+    if entry is None or entry[0]() is not g_idx or entry[1] != g_idx._version:
+        plain = torch.arange(g_idx.numel(), device=g_idx.device) // group_size
+        entry = (weakref.ref(g_idx), g_idx._version, bool(torch.equal(g_idx.long(), plain)))
+        _trivial_gidx[id(g_idx)] = entry
+        weakref.finalize(g_idx, _trivial_gidx.pop, id(g_idx), None)
+    return None if entry[2] else g_idx
+
+
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                g_idx: Optional[torch.Tensor], group_size: int,
                config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
@@ -73,6 +92,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     n = qweight.shape[1]
+    g_idx = _drop_trivial_gidx(g_idx, group_size)
     gidx = g_idx.to(torch.int32).contiguous() if g_idx is not None else None
 
     def run(cfg: tuning.GemmConfig) -> torch.Tensor:
