@@ -56,8 +56,17 @@ def pick(key: tuple, candidates: Sequence[GemmConfig], run: Callable[[GemmConfig
         return _best[key]
     if device.type != "cuda" or len(candidates) == 1:
         return candidates[0]
-    _best[key] = min(candidates, key=lambda cfg: _median_ms(lambda: run(cfg)))
+    _best[key] = min(candidates, key=lambda cfg: _median_ms_or_inf(lambda: run(cfg)))
     return _best[key]
+
+
+def _median_ms_or_inf(fn: Callable[[], object]) -> float:
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        return _median_ms(fn)
+    except OutOfResources:  # a tile too big for this GPU's shared memory or registers: not a candidate here
+        return float("inf")
 
 
 def _median_ms(fn: Callable[[], object], reps: int = 20) -> float:

@@ -110,10 +110,11 @@ def verify_rejection(draft_tokens, draft_probs, target_probs, uniforms, residual
     out = torch.empty(2, dtype=torch.int64, device=device)
     tokens = draft_tokens if k else torch.zeros(1, dtype=torch.int64, device=device)  # never read when k == 0
     u = uniforms.float() if k else torch.zeros(1, dtype=torch.float32, device=device)
-    q = draft_probs if draft_probs is not None else target_probs
+    has_draft = draft_probs is not None and k > 0  # an empty [0, V] draft may have a null data pointer
+    q = draft_probs if has_draft else target_probs
     _verify_rejection_kernel[(1,)](
         tokens, q, target_probs, u, _as_uniform(residual_uniform, device), out, k, vocab, q.stride(0),
-        target_probs.stride(0), HAS_DRAFT=draft_probs is not None, K_BLOCK=triton.next_power_of_2(max(k, 1)),
+        target_probs.stride(0), HAS_DRAFT=has_draft, K_BLOCK=triton.next_power_of_2(max(k, 1)),
         BLOCK_V=_BLOCK_V, MASS_ONE=MASS_ONE, UNIFORM_ONE=UNIFORM_ONE, UNIFORM_BITS=UNIFORM_BITS,
     )
     return out[0], out[1]
