@@ -115,15 +115,13 @@ def _parse(number: int, line: str, defaults: SamplingParams) -> Job:
 
 def run_batch(
     llm,
-    input_path: Path,
+    jobs: list[Job],
     output_path: Path,
-    defaults: SamplingParams,
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[dict], None] | None = None,
 ) -> BatchSummary:
-    """Generate every pending line of input_path into output_path; see the module docstring."""
+    """Generate every job not yet recorded in output_path, appending and flushing each result."""
     check_output_writable(output_path)
-    jobs = parse_jobs(input_path, defaults)
     done = finished_keys(output_path)
     summary = BatchSummary(total=len(jobs))
     pending = [j for j in jobs if j.key not in done]

@@ -145,11 +145,12 @@ def generate(ctx, input_path, output_path, max_new_tokens, temperature, top_p, t
     """Generate for every line of a JSONL file; re-running resumes where it stopped."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from speclite.batch import check_output_writable, run_batch
+    from speclite.batch import check_output_writable, parse_jobs, run_batch
     from speclite.render import summary_table
 
+    # Bad files fail before a model is loaded, which can take minutes.
     check_output_writable(output_path)
-    defaults = sampling_params(max_new_tokens, temperature, top_p, top_k, seed)
+    jobs = parse_jobs(input_path, sampling_params(max_new_tokens, temperature, top_p, top_k, seed))
     llm = build_llm(ctx, **flags)
     err = _console(stderr=True)
     err.print(f"loaded: {llm.describe()}")
@@ -158,7 +159,7 @@ def generate(ctx, input_path, output_path, max_new_tokens, temperature, top_p, t
     with progress:
         task = progress.add_task("generate", total=None)
         summary = run_batch(
-            llm, input_path, output_path, defaults,
+            llm, jobs, output_path,
             on_start=lambda n: progress.update(task, total=n),
             on_result=lambda rec: progress.advance(task),
         )
@@ -201,13 +202,10 @@ def main():
     except SpecliteError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, click.exceptions.Abort):
         click.echo("interrupted: finished results are saved; run the same command again to resume", err=True)
         sys.exit(130)
     except MemoryError:

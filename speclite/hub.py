@@ -113,7 +113,11 @@ def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = No
     text = str(model)
     local = Path(text).expanduser()
     if local.is_dir():
+        if not (local / "config.json").exists():
+            raise SpecliteError(f"{local} is not a model directory: no config.json")
         return local.resolve()
+    if text.startswith((".", "/", "~")):
+        raise SpecliteError(f"model directory not found: {local}")
     registry = load_registry(models_file)
     alias = registry.aliases.get(text)
     if alias is not None and alias.path is not None:
@@ -121,7 +125,7 @@ def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = No
             raise SpecliteError(f"model '{text}': its directory {alias.path} is missing")
         return alias.path
     repo = alias.repo if alias is not None else text
-    if alias is None and (text.count("/") != 1 or text.startswith((".", "/", "~"))):
+    if alias is None and text.count("/") != 1:
         known = ", ".join(sorted(registry.aliases))
         raise SpecliteError(f"unknown model '{text}': not a directory, an alias ({known}) or an org/name repo id")
     cached = _cached_snapshot(repo)

@@ -95,7 +95,7 @@ def test_warp_matches_reference_math():
 
 def test_inverse_cdf_sample_follows_probs():
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
-    picks = [sample(probs, torch.tensor(u)) for u in (0.05, 0.1, 0.5, 0.69, 0.71, 0.99)]
+    picks = [sample(probs, torch.tensor(u)) for u in (0.05, 0.11, 0.5, 0.69, 0.71, 0.99)]
     assert picks == [0, 2, 2, 2, 3, 3]
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speclite import kernels
 from speclite.errors import SpecliteError
 
 
@@ -60,12 +61,11 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(probs: torch.Tensor, uniform: torch.Tensor) -> int:
     """Inverse-CDF draw from probs [V] with one uniform in [0, 1).
 
-    Every sampled token in speclite (plain decode and the verifiers) is drawn this way from the
-    request's generator, so the same seed gives the same text whichever path drew it.
+    Every sampled token in speclite (plain decode, drafts and the verifiers) is drawn by this same
+    fixed-point routine from the request's generator, so the same seed gives the same text
+    whichever path drew it.
     """
-    cdf = torch.cumsum(probs.double(), dim=-1)
-    index = torch.searchsorted(cdf, uniform.double() * cdf[-1], right=True)
-    return int(index.clamp(max=probs.shape[-1] - 1))
+    return int(kernels.sample_probs(probs, uniform))
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:

@@ -29,6 +29,12 @@ def sample_fixed_point(mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (mass.cumsum(0) <= threshold).sum().clamp(max=mass.numel() - 1)
 
 
+def sample_probs(probs: torch.Tensor, uniform) -> torch.Tensor:
+    """One inverse-CDF draw from probs [V] (any non-negative weights) on the fixed-point grid."""
+    mass = (probs.float() * MASS_ONE).to(torch.int64)
+    return sample_fixed_point(mass, _as_uniform(uniform, probs.device))
+
+
 def verify_rejection_torch(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_probs: torch.Tensor,
                            uniforms: torch.Tensor, residual_uniform) -> tuple:
     """Reference and CPU path; no host synchronisation, so it also suits CUDA graphs."""

@@ -1,0 +1,116 @@
+"""`speclite generate`: the JSONL contract, resume, bad lines, interruption, clear errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def run_cli(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "speclite.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def write_jsonl(path, records):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def target(pair):
+    return pair[0]
+
+
+def test_schema_bad_lines_and_resume(tmp_path, target):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(inp, [
+        {"id": "a", "prompt": "def add(a, b):"},
+        "{not json",
+        {"id": "b", "messages": [{"role": "user", "content": "hi"}], "max_new_tokens": 3},
+        {"id": "c"},
+        {"id": "d", "prompt": "the quick", "temperature": 0.8, "seed": 1, "stop": ["\n"]},
+        {"id": "e", "prompt": "import os", "temperature": -1},
+    ])
+    r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 6)
+    assert r.returncode == 0, r.stderr
+    recs = read_jsonl(out)
+    assert [r.get("id", r.get("line")) for r in recs] == ["a", 2, "b", "c", "d", "e"]
+    good = {r["id"]: r for r in recs if "text" in r}
+    assert set(good) == {"a", "b", "d"}
+    assert len(good["b"]["token_ids"]) <= 3 and len(good["a"]["token_ids"]) <= 6
+    aux = good["a"]["aux_info"]
+    for key in ("cost_time_ms", "output_len", "iter_count", "avg_tokens_per_iter", "accept_rate",
+                "accepted_per_position", "draft_time_ms", "verify_time_ms"):
+        assert key in aux
+    assert good["a"]["finish_reason"] in ("stop", "length")
+    errors = {r.get("id", r.get("line")): r["error"] for r in recs if "error" in r}
+    assert "not valid JSON" in errors[2] and "prompt" in errors["c"] and "temperature" in errors["e"]
+    assert "summary" not in r.stdout  # results go to the file, the table to stderr
+    # Re-running skips everything already recorded; a new line is the only work done.
+    with open(inp, "a") as f:
+        f.write(json.dumps({"id": "f", "prompt": "for i in"}) + "\n")
+    r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 4)
+    assert r.returncode == 0, r.stderr
+    recs2 = read_jsonl(out)
+    assert recs2[: len(recs)] == recs and [x["id"] for x in recs2[len(recs):]] == ["f"]
+    assert "1 done, 0 failed, 6 already in" in r.stderr
+
+
+def test_interrupt_loses_nothing_finished(tmp_path, target):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(inp, [{"id": i, "prompt": "def add(a, b):"} for i in range(400)])
+    proc = subprocess.Popen([sys.executable, "-m", "speclite.cli", "generate", "--model", str(target), "-i", str(inp),
+                             "-o", str(out), "--max-new-tokens", "40", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    done = read_jsonl(out)  # every line whole: nothing half-written
+    assert 2 <= len(done) < 400 and [r["id"] for r in done] == list(range(len(done)))
+    # Resume finishes the rest without redoing any.
+    write_jsonl(inp, [{"id": i, "prompt": "def add(a, b):"} for i in range(len(done) + 3)])
+    r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 4)
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in read_jsonl(out)] == list(range(len(done) + 3))
+
+
+def test_truncated_last_line_is_rerun(tmp_path, target):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(inp, [{"id": "a", "prompt": "def"}, {"id": "b", "prompt": "for"}])
+    out.write_text(json.dumps({"id": "a", "text": "x", "token_ids": [1]}) + '\n{"id": "b", "te')
+    r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3)
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    assert json.loads(lines[-1])["id"] == "b" and len(lines) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--model", "no-such-alias", "-i", "{inp}", "-o", "{out}"], "unknown model 'no-such-alias'"),
+    (["generate", "--model", "{target}", "-i", "{tmp}/missing.jsonl", "-o", "{out}"], "input file not found"),
+    (["generate", "--model", "{target}", "-i", "{inp}", "-o", "/proc/forbidden/out.jsonl"], "cannot write the output"),
+    (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--sp-type", "vanilla"], "needs --draft"),
+    (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--gen-num-per-cycle", "x"], "a number or 'auto'"),
+    (["generate", "--model", "{tmp}", "-i", "{inp}", "-o", "{out}"], "not a model directory"),
+    (["generate", "--model", "Qwen2.5-0.5B", "-i", "{inp}", "-o", "{out}"], "not cached and the hub cannot be reached"),
+    (["pull", "Qwen/Qwen2.5-0.5B-Instruct"], "connect to the network"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, target, args, message):
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, [{"id": 1, "prompt": "hi"}])
+    fill = dict(inp=inp, out=tmp_path / "out.jsonl", target=target, tmp=tmp_path)
+    r = run_cli(*[a.format(**fill) for a in args], env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                                        "HF_HOME": str(tmp_path / "hf")})
+    assert r.returncode != 0
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
