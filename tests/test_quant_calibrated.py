@@ -15,6 +15,7 @@ from speclite.quant import quantize_to_dir
 from speclite.quant.calib import SHIPPED_HELDOUT
 from speclite.quant.gptq import HessianAccumulator, gptq_quantize
 from speclite.quant.int4 import quantize_rtn
+from speclite.quant.linear import Int8Linear
 
 
 @pytest.fixture(autouse=True)
@@ -66,9 +67,22 @@ def test_gptq_end_to_end_with_act_order_and_jsonl_calib(tmp_path):
     assert report.ppl_after == pytest.approx(report.ppl_before, rel=0.1)
 
 
+def w8a8_logits(path, tokens):
+    """Logits with true W8A8 numerics (per-token activation quantization: the kernel path, whose
+    CPU fallback is the kernels' torch reference); the CPU default path is weight-only int8."""
+    model = load_model(path)
+    tensors = load_file(str(path / "model.safetensors"))
+    for name, m in list(model.named_modules()):
+        if isinstance(m, Int8Linear):
+            parent, _, attr = name.rpartition(".")
+            w8a8 = Int8Linear(tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"], m.bias, torch.float32, "cpu", kernels=True)
+            setattr(model.get_submodule(parent), attr, w8a8)
+    return logits(model, tokens)
+
+
 def test_smoothquant_beats_plain_w8a8_on_outlier_channels(tmp_path):
     model = save_tiny_model(tmp_path / "model", hidden=64, intermediate=128, seed=5, outliers=True)
-    plain = quantize_to_dir(model, tmp_path / "rtn", "w8a8")
+    quantize_to_dir(model, tmp_path / "rtn", "w8a8")
     smooth = quantize_to_dir(model, tmp_path / "sq", "w8a8", method="smoothquant", alpha=0.5,
                              calib_samples=8, seq_len=64)
     tensors = load_file(str(tmp_path / "sq" / "model.safetensors"))
@@ -78,7 +92,9 @@ def test_smoothquant_beats_plain_w8a8_on_outlier_channels(tmp_path):
     assert not torch.equal(tensors["model.layers.0.input_layernorm.weight"], original["model.layers.0.input_layernorm.weight"])
     tokens = torch.tensor(tiny_tokenizer()(SHIPPED_HELDOUT.read_text()[:600])["input_ids"][:64])
     reference = logits(load_model(model), tokens)
-    err_plain = rel_err(logits(load_model(tmp_path / "rtn"), tokens), reference)
-    err_smooth = rel_err(logits(load_model(tmp_path / "sq"), tokens), reference)
+    err_plain = rel_err(w8a8_logits(tmp_path / "rtn", tokens), reference)
+    err_smooth = rel_err(w8a8_logits(tmp_path / "sq", tokens), reference)
     assert err_smooth < 0.8 * err_plain
-    assert abs(smooth.ppl_after - smooth.ppl_before) <= abs(plain.ppl_after - plain.ppl_before) + 0.05 * plain.ppl_before
+    # On the CPU path (weight-only int8) smoothing must not cost accuracy either.
+    assert rel_err(logits(load_model(tmp_path / "sq"), tokens), reference) < 0.03
+    assert smooth.ppl_after == pytest.approx(smooth.ppl_before, rel=0.05)

@@ -101,9 +101,11 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     del source, out, updated
 
     ppl_before = ppl_after = None
+    windows = []
     if tokenizer is not None:
         heldout = calibration.read_text(calibration.SHIPPED_HELDOUT)
         windows = calibration.token_windows(tokenizer, heldout, seq_len, max(1, PPL_TOKENS // seq_len))
+    if windows:
         if progress:
             progress("perplexity of the original and the quantized model")
         ppl_before = perplexity(load_model(model_dir, device), windows)

@@ -1,0 +1,146 @@
+"""Decode speed and weight memory per quantization scheme, side by side (CPU or GPU).
+
+A random-weight model of a real shape (Qwen2.5-0.5B's config by default, fewer layers with
+--layers) is saved, quantized with RTN to each scheme, loaded with speclite.model.load_model and
+decoded greedily one token at a time. --ops also times the single matmuls the CPU paths are
+chosen from.
+
+    python benchmarks/quant.py --layers 4 --tokens 32 --ops
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from speclite.model import load_model
+from speclite.quant import quantize_to_dir
+from speclite.quant.linear import QuantLinear
+
+QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
+                  max_position_embeddings=32768, rope_theta=1000000.0)
+
+
+def build_model(path: Path, layers: int) -> Path:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**{**QWEN25_05B, "num_hidden_layers": layers})
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    return path
+
+
+def linear_bytes(model) -> int:
+    """Resident bytes of the decoder linears (what quantization shrinks); embeddings excluded."""
+    total = 0
+    for block in model.model.layers:
+        for m in block.modules():
+            if isinstance(m, (QuantLinear, torch.nn.Linear)):
+                total += sum(t.numel() * t.element_size() for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)) if t is not None)
+    return total
+
+
+def decode_tokens_per_s(model, prompt_len: int, tokens: int) -> float:
+    cache = model.new_cache(prompt_len + tokens + 2)  # + the untimed warm-up steps
+    prompt = torch.randint(0, model.args.vocab_size, (prompt_len,))
+    with torch.no_grad():
+        nxt = model(prompt, cache, num_logits=1).argmax(-1)
+        for _ in range(2):  # warm-up steps, not timed
+            nxt = model(nxt, cache, num_logits=1).argmax(-1)
+        start = time.perf_counter()
+        for _ in range(tokens):
+            nxt = model(nxt, cache, num_logits=1).argmax(-1)
+    return tokens / (time.perf_counter() - start)
+
+
+def median_ms(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def op_table(k: int, n: int) -> list[tuple[str, float]]:
+    """[1, K] x [K, N] with each CPU path the quantized linears could take."""
+    from speclite.quant.int4 import quantize_rtn
+    from speclite.quant.int8 import quantize_int8_channel, quantize_int8_tokens
+
+    torch.manual_seed(0)
+    x, w = torch.randn(1, k), torch.randn(n, k) * 0.02
+    xb, wb = x.bfloat16(), w.bfloat16()
+    q8, s8 = quantize_int8_channel(w)
+    q8_kn = q8.t().contiguous()
+    s8b = s8.reshape(-1).bfloat16()
+
+    def w8a8(weight_kn):
+        xq, xs = quantize_int8_tokens(x)
+        return torch._int_mm(xq, weight_kn).float() * xs * s8.reshape(1, -1)
+
+    q4 = quantize_rtn(w, 128, sym=False)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.q.to(torch.int32), 1)
+    s = q4.scales.float()
+    sz = torch.stack([s, (8 - q4.zeros.float()) * s], -1)
+    rows = [
+        ("fp32 F.linear", lambda: torch.nn.functional.linear(x, w)),
+        ("bf16 F.linear", lambda: torch.nn.functional.linear(xb, wb)),
+        ("int8 weight-only _weight_int8pack_mm (bf16 x)", lambda: torch.ops.aten._weight_int8pack_mm(xb, q8, s8b)),
+        ("w8a8 _int_mm, weight [N,K] transposed view", lambda: w8a8(q8.t())),
+        ("w8a8 _int_mm, weight [K,N] contiguous", lambda: w8a8(q8_kn)),
+        ("int4 _weight_int4pack_mm_for_cpu g128 (bf16 x)",
+         lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, 128, sz.bfloat16())),
+        ("int4 _weight_int4pack_mm_for_cpu g128 (fp32 x)",
+         lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 128, sz)),
+        ("int4 dequantize per call + fp32 matmul",
+         lambda: torch.nn.functional.linear(x, q4.dequantize())),
+    ]
+    return [(name, median_ms(fn, reps=10)) for name, fn in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers (24 = the real Qwen2.5-0.5B)")
+    ap.add_argument("--tokens", type=int, default=32, help="decode steps timed per scheme")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--schemes", default="dense,fp8-block,int4,w8a8")
+    ap.add_argument("--dtype", default="auto", help="model dtype for load_model (auto: fp32 on CPU, bf16 on CUDA)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--ops", action="store_true", help="also time single [1,K]x[K,N] matmuls per CPU path")
+    ap.add_argument("--ops-shape", default="4096,11008", help="K,N for --ops")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dense = build_model(Path(tmp) / "dense", args.layers)
+        print(f"Qwen2.5-0.5B shape, {args.layers} layers, {args.tokens} decode tokens, "
+              f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        print(f"{'scheme':<10} {'path':<14} {'disk MB':>8} {'linear MB':>10} {'tok/s':>8}")
+        for scheme in args.schemes.split(","):
+            path = dense
+            if scheme != "dense":
+                path = Path(tmp) / scheme
+                quantize_to_dir(dense, path, scheme)
+            model = load_model(path, args.device, args.dtype)
+            kinds = {m.path for m in model.modules() if isinstance(m, QuantLinear)} or {"F.linear"}
+            disk = sum(f.stat().st_size for f in path.glob("*.safetensors")) / 1e6
+            tps = decode_tokens_per_s(model, args.prompt_len, args.tokens)
+            print(f"{scheme:<10} {','.join(sorted(kinds)):<14} {disk:>8.1f} {linear_bytes(model) / 1e6:>10.1f} {tps:>8.1f}")
+            del model
+    if args.ops:
+        k, n = (int(v) for v in args.ops_shape.split(","))
+        print(f"\n[1,{k}] x [{k},{n}] median ms")
+        for name, ms in op_table(k, n):
+            print(f"  {name:<50} {ms:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
