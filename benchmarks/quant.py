@@ -101,8 +101,6 @@ def op_table(k: int, n: int) -> list[tuple[str, float]]:
          lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, 128, sz.bfloat16())),
         ("int4 _weight_int4pack_mm_for_cpu g128 (fp32 x)",
          lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 128, sz)),
-        ("int4 dequantize per call + fp32 matmul",
-         lambda: torch.nn.functional.linear(x, q4.dequantize())),
     ]
     return [(name, median_ms(fn, reps=10)) for name, fn in rows]
 
@@ -117,7 +115,10 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--ops", action="store_true", help="also time single [1,K]x[K,N] matmuls per CPU path")
     ap.add_argument("--ops-shape", default="4096,11008", help="K,N for --ops")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         dense = build_model(Path(tmp) / "dense", args.layers)

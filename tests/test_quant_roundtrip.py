@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from quant_helpers import logits, rel_err, save_tiny_model
 
 import speclite.quant.quantize as quantize_mod
+import speclite.quant.writer as writer
+from speclite.errors import SpecliteError
 from speclite.model import load_model
 from speclite.quant import quantize_model, quantize_to_dir
 from speclite.quant.fp8 import quantize_fp8_blocks
@@ -50,6 +54,23 @@ def test_round_trip_logits_stay_close(tiny, tmp_path, scheme, group_size, path):
     # Load-time RTN of the dense model gives the very same model as the written checkpoint.
     in_place = quantize_model(load_model(tiny), scheme.upper().replace("FP8-BLOCK", "FP8_PER_BLOCK"), group_size=group_size)
     torch.testing.assert_close(logits(in_place, tokens), quantized, rtol=1e-4, atol=1e-4)
+    with pytest.raises(SpecliteError, match="already quantized"):
+        quantize_model(model, "int4")
+
+
+def test_large_checkpoints_are_sharded(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(writer, "SHARD_BYTES", 60_000)
+    seen = []
+    quantize_to_dir(tiny, tmp_path / "sharded", "w8a8", progress=seen.append)
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and all((tmp_path / "sharded" / f).exists() for f in files)
+    assert "model.layers.1.mlp.down_proj.weight_scale" in index["weight_map"]
+    assert len(seen) >= 14  # one progress line per linear at least
+    monkeypatch.setattr(writer, "SHARD_BYTES", 2 * 1024**3)
+    quantize_to_dir(tiny, tmp_path / "single", "w8a8")
+    tokens = torch.randint(0, 300, (8,))
+    torch.testing.assert_close(logits(load_model(tmp_path / "sharded"), tokens), logits(load_model(tmp_path / "single"), tokens))
 
 
 def _kernel_vs_cpu(make, x):

@@ -163,9 +163,13 @@ def perplexity(model, windows: list[torch.Tensor]) -> float:
 def quantize_model(model, scheme, group_size=128, sym=False):
     """Load-time RTN: replace every decoder linear of a loaded Transformer (not lm_head/embeddings)."""
     scheme = normalize_scheme(scheme)
-    for i, block in enumerate(model.model.layers):
+    if scheme == INT4 and (not isinstance(group_size, int) or group_size <= 0):
+        raise SpecliteError(f"group size must be a positive integer, got {group_size}")
+    for block in model.model.layers:
         for name in LINEARS:
-            linear: nn.Linear = block.get_submodule(name)
+            linear = block.get_submodule(name)
+            if not isinstance(linear, nn.Linear):
+                raise SpecliteError(f"--quant {scheme} needs a dense model: this one is already quantized")
             weight, bias = linear.weight.detach(), linear.bias
             dtype, device = weight.dtype, weight.device
             bias = None if bias is None else bias.detach()
