@@ -179,6 +179,7 @@ class LLM:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _extra(self, extra_config: dict | None) -> dict:
+        """extra_config with sp_advice_prompt tokenized (advice may also come as sp_advice_ids)."""
         extra = dict(extra_config or {})
         advice = extra.pop("sp_advice_prompt", None)
         if advice:

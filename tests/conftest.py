@@ -43,7 +43,7 @@ def make_tokenizer(vocab_size: int = 320):
 CONFIGS = {
     "llama": dict(tie_word_embeddings=False),
     "qwen2": dict(tie_word_embeddings=True),
-    "qwen3": dict(head_dim=24, tie_word_embeddings=True),
+    "qwen3": dict(head_dim=24, tie_word_embeddings=False),
     "mistral": dict(tie_word_embeddings=False),
 }
 
@@ -64,9 +64,11 @@ def save_model(path, family: str = "qwen2", seed: int = 0, hidden: int = 64, lay
     kwargs.update(overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cls(**kwargs))
-    # Random init is near-uniform; sharper logits make greedy paths and acceptance meaningful.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0) if not kwargs.get("tie_word_embeddings") else model.get_input_embeddings().weight.mul_(4.0)
+    # Random init is near-uniform; a sharper head makes greedy paths and acceptance meaningful.
+    # (Tied random models just echo their input token: tests of decoding use untied ones.)
+    if not kwargs["tie_word_embeddings"]:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(8.0)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return model
@@ -89,10 +91,31 @@ def _saved(path, family, tokenizer, **kw):
     return path
 
 
+def save_noisy_copy(src, dst, noise: float, seed: int, vocab_pad: int = 0):
+    """A draft that agrees with the target often but not always: its weights plus noise."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(noise * p.std() * torch.randn_like(p))
+    if vocab_pad:
+        model.resize_token_embeddings(model.config.vocab_size + vocab_pad)
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+
+
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory, tokenizer):
-    """(target_dir, draft_dir): a Qwen2 target and a smaller, different draft with a padded vocab."""
+    """(target_dir, draft_dir): a Qwen2 target and a noisy copy of it as draft, vocab padded by 16."""
     root = tmp_path_factory.mktemp("pair")
-    target = _saved(root / "target", "qwen2", tokenizer, seed=1, hidden=96, layers=3)
-    draft = _saved(root / "draft", "qwen2", tokenizer, seed=2, hidden=48, layers=1, vocab_pad=16)
-    return target, draft
+    target = _saved(root / "target", "qwen2", tokenizer, seed=1, hidden=96, layers=3, tie_word_embeddings=False)
+    save_noisy_copy(target, root / "draft", noise=0.1, seed=2, vocab_pad=16)
+    return target, root / "draft"
+
+
+@pytest.fixture(scope="session")
+def stranger(tmp_path_factory, tokenizer):
+    """A draft of the same tokenizer that disagrees with the pair's target almost always."""
+    return _saved(tmp_path_factory.mktemp("stranger") / "m", "llama", tokenizer, seed=9, hidden=48, layers=1)

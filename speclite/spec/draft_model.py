@@ -60,10 +60,11 @@ class DraftModelProposer(Proposer):
         return Proposal(self.drafts, torch.stack(probs) if probs else None)
 
     def observe(self, tokens: list[int]) -> None:
-        # The cache holds the sequence plus the drafts fed back in; keep those the target kept.
+        # The cache holds the sequence plus the drafts fed back in (or lags it, when no drafts
+        # were asked for): keep the drafts the target kept.
         fed = self.cache.length - len(self.tokens)
         kept = 0
         while kept < min(fed, len(tokens)) and self.drafts[kept] == tokens[kept]:
             kept += 1
-        self.cache.rollback(len(self.tokens) + kept)
+        self.cache.rollback(min(self.cache.length, len(self.tokens) + kept))
         self.tokens.extend(tokens)
