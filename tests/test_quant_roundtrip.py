@@ -87,6 +87,10 @@ def test_kernel_path_matches_cpu_path():
     values, scale = quantize_fp8_blocks(w)
     k, c = _kernel_vs_cpu(lambda kern: Fp8Linear(values, scale, (128, 128), bias, torch.float32, "cpu", kern), x)
     assert rel_err(k, c) < 0.05 and rel_err(c, dense) < 0.05  # kernel path also quantizes x to fp8
+    per_tensor = (w.abs().max() / 448).reshape(())  # fp8 checkpoints without weight_block_size
+    values = (w / per_tensor).to(torch.float8_e4m3fn)
+    k, c = _kernel_vs_cpu(lambda kern: Fp8Linear(values, per_tensor, (0, 0), bias, torch.float32, "cpu", kern), x)
+    assert rel_err(k, c) < 0.05 and rel_err(c, dense) < 0.05
 
     q, s = quantize_int8_channel(w)
     k, c = _kernel_vs_cpu(lambda kern: Int8Linear(q, s, bias, torch.float32, "cpu", kern), x)

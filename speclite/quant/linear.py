@@ -56,9 +56,13 @@ class Fp8Linear(QuantLinear):
         super().__init__(k, n, bias, dtype, device, kernels)
         if self.use_kernels:
             self.path = "fp8_block_gemm"
+            scale_inv = scale_inv.float()
+            if scale_inv.numel() == 1:  # per-tensor scale: the same value in every 128x128 block
+                block = (128, 128)
+                scale_inv = scale_inv.reshape(1, 1).expand(-(-n // 128), -(-k // 128)).contiguous()
             self.block = tuple(block)
             self.register_buffer("weight", weight.to(device))
-            self.register_buffer("weight_scale_inv", scale_inv.float().to(device))
+            self.register_buffer("weight_scale_inv", scale_inv.to(device))
         else:
             self.path = "dequantized"
             self.register_buffer("weight", dequantize_fp8_blocks(weight, scale_inv, block, dtype).to(device))
