@@ -13,9 +13,3 @@ def quantize_int8_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     q = (w / scale).round().clamp(-127, 127).to(torch.int8)
     return q, scale
 
-
-def quantize_int8_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-token activation quantization: x [M, K] -> (int8 [M, K], scale float32 [M, 1])."""
-    xf = x.float()
-    scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
-    return (xf / scale).round().clamp(-127, 127).to(torch.int8), scale

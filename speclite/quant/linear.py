@@ -33,7 +33,6 @@ class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, dtype, device, kernels=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.dtype = dtype
         # kernels=None: speclite.kernels on CUDA, torch's CPU fast path elsewhere. Tests pass True on
         # the CPU to run the kernel path (the kernels' own torch reference there).
         self.use_kernels = torch.device(device).type == "cuda" if kernels is None else kernels

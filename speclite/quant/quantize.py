@@ -20,7 +20,7 @@ from speclite.quant.fp8 import quantize_fp8_blocks
 from speclite.quant.int4 import Int4Weight, quantize_rtn, to_gptq
 from speclite.quant.int8 import quantize_int8_channel
 from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear
-from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, W8A8, check_method,
+from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, check_method,
                                     normalize_scheme, quantization_config)
 from speclite.quant.writer import checkpoint_bytes, prepare_out_dir, write_model
 
