@@ -37,7 +37,7 @@ def quantization_config(scheme: str, group_size: int, sym: bool, act_order: bool
                 "weight_block_size": list(FP8_BLOCK_SIZE)}
     if scheme == INT4:
         return {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": act_order,
-                "sym": sym, "checkpoint_format": "gptq", "static_groups": False, "true_sequential": True}
+                "sym": sym, "checkpoint_format": "gptq", "static_groups": False, "true_sequential": False}
     return {
         "quant_method": "compressed-tensors",
         "format": "int-quantized",
