@@ -145,9 +145,10 @@ class LLM:
             raise SpecliteError(f"--max-model-len {max_model_len} exceeds the model's context of {context}")
         self.draft_name = None
         self.engine = Engine(self.target, self.tokenizer, eos_ids(self.model_dir, self.tokenizer), self.max_len)
-        self.engine.spec = self._speculation(models_file)
+        self._speculation = self._build_speculation(models_file)
+        self.engine.spec = self._speculation
 
-    def _speculation(self, models_file) -> Speculation | None:
+    def _build_speculation(self, models_file) -> Speculation | None:
         cfg = self.spec_config
         if cfg.method == "none":
             return None
@@ -187,8 +188,8 @@ class LLM:
         return extra
 
     def _prepare(self, params: SamplingParams) -> None:
-        if self.engine.spec is not None:
-            self.engine.spec.verifier = get_verifier(self.spec_config.verify, params)
+        if self._speculation is not None:
+            self._speculation.verifier = get_verifier(self.spec_config.verify, params)
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -217,13 +218,32 @@ class LLM:
         self._prepare(params)
         return [self.engine.generate(self.encode(p), params, self._extra(extra_config)) for p in prompts]
 
+    # -- runtime controls (chat's /k and /sp) --------------------------------------------------
+
+    def set_k(self, k: int | str) -> None:
+        """Drafts per iteration from now on: a number, or "auto" to adapt."""
+        if self.engine.spec is None:
+            raise SpecliteError("speculation is off: start with --sp-type to set k")
+        k = replace(self.spec_config, k=k).validated().k
+        self.engine.spec.length = AdaptiveSpecLength() if k == "auto" else SpecLength(k)
+
+    @property
+    def speculation_available(self) -> bool:
+        return self._speculation is not None
+
+    def set_speculation(self, on: bool) -> None:
+        """Switch speculation off (plain decoding) or back on, keeping the loaded draft."""
+        if on and self._speculation is None:
+            raise SpecliteError("no speculation method was loaded: start with --sp-type")
+        self.engine.spec = self._speculation if on else None
+
     def describe(self) -> str:
         """One line saying what was loaded."""
         spec = self.spec_config
         parts = [f"target {self.model_name}" + (f" [{self.quant}]" if self.quant else "")]
         if self.draft_name:
             parts.append(f"draft {self.draft_name}" + (f" [{spec.draft_quant}]" if spec.draft_quant else ""))
-        if spec.method != "none":
+        if self.engine.spec is not None:
             k = self.engine.spec.length.label
             parts.append(f"speculation {spec.method} k={k}")
         parts.append(f"{self.device.type} {str(self.dtype).removeprefix('torch.')}")

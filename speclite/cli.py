@@ -171,7 +171,8 @@ def generate(ctx, input_path, output_path, max_new_tokens, temperature, top_p, t
 @cli.command()
 @click.argument("model")
 @click.option("--scheme", type=click.Choice(QUANT_SCHEMES), required=True)
-@click.option("--method", type=click.Choice(["rtn", "gptq", "smoothquant"]), default="rtn", show_default=True)
+@click.option("--method", type=click.Choice(["rtn", "gptq", "smoothquant"]), default="rtn", show_default=True,
+              help="rtn: any scheme, no data; gptq: int4; smoothquant: w8a8.")
 @click.option("--group-size", type=int, default=128, show_default=True)
 @click.option("--sym", is_flag=True, help="Symmetric int4 (default asymmetric).")
 @click.option("--act-order", is_flag=True, help="GPTQ: quantize columns in order of activation size.")
@@ -192,7 +193,7 @@ def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, cali
     report = quantize_to_dir(model_dir, out_dir, scheme, method=method, group_size=group_size, sym=sym,
                              act_order=act_order, alpha=alpha, calib=calib, calib_samples=calib_samples,
                              seq_len=seq_len, progress=lambda msg: err.print(f"  {msg}"))
-    _console().print(quant_report(report, scheme, method, out_dir))
+    _console().print(quant_report(report))
 
 
 def main():

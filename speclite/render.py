@@ -23,3 +23,19 @@ def summary_table(stats: RequestStats, title: str) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def quant_report(report) -> Table:
+    """`speclite quantize`'s closing table: sizes and held-out perplexity before and after."""
+    table = Table(title=f"{report.scheme} ({report.method}) -> {report.out_dir}", title_justify="left")
+    table.add_column("")
+    table.add_column("original", justify="right")
+    table.add_column("quantized", justify="right")
+    table.add_row("weights", f"{report.bytes_before / 1e6:.1f} MB", f"{report.bytes_after / 1e6:.1f} MB")
+
+    def ppl(x):
+        return f"{x:.3f}" if x is not None else "n/a (no tokenizer)"
+
+    table.add_row("held-out perplexity", ppl(report.ppl_before), ppl(report.ppl_after))
+    table.add_row("quantized linears", "", f"{report.quantized_linears} in {report.seconds:.1f} s")
+    return table

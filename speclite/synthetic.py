@@ -1,0 +1,58 @@
+"""Random-weight model directories of real shapes, built from a config with no download.
+
+Per-forward latency, memory and loop overhead depend on shapes, not on trained weights, so a
+Qwen2.5-7B-shaped model of random numbers measures them on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from speclite.errors import SpecliteError
+from speclite.model.decoder import ModelArgs, Transformer
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def synthetic_config(name: str) -> dict:
+    """A shipped config by name (e.g. qwen2.5-7b) or a path to a config.json."""
+    path = CONFIG_DIR / f"{name.lower()}.json"
+    if not path.exists():
+        path = Path(name)
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+        raise SpecliteError(f"unknown synthetic config '{name}': use one of {shipped} or a config.json path")
+    return json.loads(path.read_text())
+
+
+def build_synthetic(name: str, out_dir: str | Path, layers: int | None = None, dtype=torch.bfloat16,
+                    seed: int = 0, tokenizer_from: str | Path | None = None) -> Path:
+    """Write config.json and random safetensors (std 0.02, norms at 1) for config `name` into out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = synthetic_config(name)
+    if layers:
+        cfg["num_hidden_layers"] = layers
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    with torch.device("meta"):
+        model = Transformer(ModelArgs.from_hf(cfg))
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name_, p in model.named_parameters():
+        if name_ == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        if name_.endswith("norm.weight"):
+            tensors[name_] = torch.ones(p.shape, dtype=dtype)
+        else:
+            tensors[name_] = (torch.randn(p.shape, generator=gen) * 0.02).to(dtype)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if tokenizer_from is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(str(tokenizer_from)).save_pretrained(out)
+    return out
