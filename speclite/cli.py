@@ -2,89 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 
 import click
 
+from speclite.cli_options import (QUANT_SCHEMES, build_llm, console, model_options, sampling_options,
+                                  sampling_params, spec_options)
 from speclite.errors import SpecliteError
-
-SP_TYPES = ("none", "naive", "vanilla", "deterministic")
-VERIFIERS = ("greedy", "rejection", "topp", "target_match")
-QUANT_SCHEMES = ("fp8-block", "int4", "w8a8")
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False)
-
-
-def model_options(f):
-    """Target, device and precision flags shared by every command that loads a model."""
-    options = [
-        click.option("--model", "-m", default=None, help="Alias, org/name hub repo id, or local directory."),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True),
-        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-                     show_default=True, help="auto: bfloat16 on CUDA, float32 on the CPU."),
-        click.option("--quant", default=None, help="Quantize the target at load time: fp8-block, int4 or w8a8."),
-        click.option("--max-model-len", type=int, default=None, help="Context length (default: model's, at most 4096)."),
-    ]
-    return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
-
-
-def spec_options(f):
-    """Speculative decoding flags (RTP-LLM names)."""
-    options = [
-        click.option("--sp-type", type=click.Choice(SP_TYPES), default="none", show_default=True,
-                     help="Speculation method."),
-        click.option("--draft", default=None, help="Draft model for --sp-type vanilla (default: models.toml's)."),
-        click.option("--draft-quant", "--sp-quantization", "draft_quant", default=None,
-                     help="Quantize the draft at load time: fp8-block / FP8_PER_BLOCK, int4 / INT4, w8a8 / W8A8."),
-        click.option("--gen-num-per-cycle", "k", default="4", show_default=True,
-                     help="Drafts per iteration, or 'auto' to adapt to acceptance and cost."),
-        click.option("--sp-min-token-match", "min_match", type=int, default=1, show_default=True),
-        click.option("--sp-max-token-match", "max_match", type=int, default=3, show_default=True),
-        click.option("--verify", type=click.Choice(VERIFIERS), default=None,
-                     help="Default: greedy at temperature 0, rejection (lossless) otherwise."),
-        click.option("--accept-policy", type=click.Choice(["normal", "accept_all", "reject_all"]), default="normal",
-                     show_default=True, help="accept_all / reject_all: for debugging and loop overhead."),
-    ]
-    return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
-
-
-def sampling_options(f):
-    options = [
-        click.option("--max-new-tokens", type=int, default=256, show_default=True),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
-        click.option("--top-p", type=float, default=1.0, show_default=True),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
-        click.option("--seed", type=int, default=None),
-    ]
-    return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
-
-
-def build_llm(ctx, model, device, dtype, quant, max_model_len, sp_type, draft, draft_quant, k, min_match, max_match,
-              verify, accept_policy):
-    from speclite.api import LLM, SpecConfig
-    from speclite.hub import load_registry
-
-    models_file = ctx.obj.get("models_file")
-    if model is None:
-        model = load_registry(models_file).default_target
-    if draft is not None and sp_type != "vanilla":
-        raise SpecliteError("--draft is only used with --sp-type vanilla")
-    spec = SpecConfig(sp_type, k, draft, draft_quant, min_match, max_match, verify, accept_policy)
-    return LLM(model, spec, device=device, dtype=dtype, quant=quant, models_file=models_file,
-               max_model_len=max_model_len)
-
-
-def sampling_params(max_new_tokens, temperature, top_p, top_k, seed):
-    from speclite.engine.sampling import SamplingParams
-
-    return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-
 
 @click.group()
 @click.option("--models-file", envvar="SPECLITE_MODELS_FILE", type=click.Path(dir_okay=False), default=None,
@@ -112,7 +37,7 @@ def models(ctx):
         source = alias.repo or f"(bundled) {alias.path.name}"
         default = " (default)" if alias.name == registry.default_target else ""
         table.add_row(alias.name + default, source, "yes" if is_cached(alias) else "no", alias.draft or "")
-    _console().print(table)
+    console().print(table)
 
 
 @cli.command()
@@ -152,7 +77,7 @@ def generate(ctx, input_path, output_path, max_new_tokens, temperature, top_p, t
     check_output_writable(output_path)
     jobs = parse_jobs(input_path, sampling_params(max_new_tokens, temperature, top_p, top_k, seed))
     llm = build_llm(ctx, **flags)
-    err = _console(stderr=True)
+    err = console(stderr=True)
     err.print(f"loaded: {llm.describe()}")
     progress = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=False)
@@ -189,11 +114,11 @@ def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, cali
     from speclite.render import quant_report
 
     model_dir = resolve(model, ctx.obj["models_file"])
-    err = _console(stderr=True)
+    err = console(stderr=True)
     report = quantize_to_dir(model_dir, out_dir, scheme, method=method, group_size=group_size, sym=sym,
                              act_order=act_order, alpha=alpha, calib=calib, calib_samples=calib_samples,
                              seq_len=seq_len, progress=lambda msg: err.print(f"  {msg}"))
-    _console().print(quant_report(report))
+    console().print(quant_report(report))
 
 
 def main():
