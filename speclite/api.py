@@ -17,7 +17,9 @@ from speclite.engine.sampling import SamplingParams
 from speclite.errors import SpecliteError
 from speclite.model import Transformer, load_model
 from speclite.model.loader import resolve_device, resolve_dtype
+from speclite.model.static import StaticDecoder
 from speclite.spec import build_proposer, needs_draft_model, normalize_method
+from speclite.spec.draft_model import DraftModelProposer
 from speclite.spec.schedule import AdaptiveSpecLength, SpecLength
 from speclite.spec.verify import get_verifier
 
@@ -129,7 +131,9 @@ class LLM:
         quant: str | None = None,
         models_file: str | os.PathLike | None = None,
         max_model_len: int | None = None,
+        static: bool = False,
     ):
+        """`static`: fixed-shape decode and verify steps, captured as CUDA graphs on a GPU."""
         if isinstance(speculative_config, dict):
             speculative_config = SpecConfig.from_vllm(speculative_config)
         self.spec_config = (speculative_config or SpecConfig()).validated()
@@ -147,6 +151,11 @@ class LLM:
         self.engine = Engine(self.target, self.tokenizer, eos_ids(self.model_dir, self.tokenizer), self.max_len)
         self._speculation = self._build_speculation(models_file)
         self.engine.spec = self._speculation
+        if static:
+            self.engine.target = StaticDecoder(self.target, self.engine.cache)
+            proposer = self._speculation.proposer if self._speculation else None
+            if isinstance(proposer, DraftModelProposer):
+                proposer.model = StaticDecoder(proposer.model, proposer.cache)
 
     def _build_speculation(self, models_file) -> Speculation | None:
         cfg = self.spec_config

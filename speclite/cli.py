@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from speclite.bench.command import bench
+from speclite.chat.command import chat
 from speclite.cli_options import (QUANT_SCHEMES, build_llm, console, model_options, sampling_options,
                                   sampling_params, spec_options)
 from speclite.errors import SpecliteError
@@ -65,8 +67,9 @@ def pull(ctx, model):
 @sampling_options
 @click.option("--input", "-i", "input_path", required=True, type=click.Path(path_type=Path), help="JSONL prompts.")
 @click.option("--output", "-o", "output_path", required=True, type=click.Path(path_type=Path), help="JSONL results (appended).")
+@click.option("--echo", is_flag=True, help="Also print each finished completion.")
 @click.pass_context
-def generate(ctx, input_path, output_path, max_new_tokens, temperature, top_p, top_k, seed, **flags):
+def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, top_p, top_k, seed, **flags):
     """Generate for every line of a JSONL file; re-running resumes where it stopped."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -81,13 +84,19 @@ def generate(ctx, input_path, output_path, max_new_tokens, temperature, top_p, t
     err.print(f"loaded: {llm.describe()}")
     progress = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=False)
+    out = console()
+
+    def finished(record):
+        progress.advance(task)
+        if echo:
+            key = record.get("id", record.get("line"))
+            out.rule(f"{key}", align="left")
+            out.print(record.get("text", f"error: {record.get('error')}"), markup=False)
+
     with progress:
         task = progress.add_task("generate", total=None)
-        summary = run_batch(
-            llm, jobs, output_path,
-            on_start=lambda n: progress.update(task, total=n),
-            on_result=lambda rec: progress.advance(task),
-        )
+        summary = run_batch(llm, jobs, output_path, on_start=lambda n: progress.update(task, total=n),
+                            on_result=finished)
     err.print(f"{summary.done} done, {summary.failed} failed, {summary.skipped} already in {output_path}")
     if summary.done:
         err.print(summary_table(summary.stats, f"{llm.spec_config.method} on {llm.model_name}"))
@@ -119,6 +128,10 @@ def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, cali
                              act_order=act_order, alpha=alpha, calib=calib, calib_samples=calib_samples,
                              seq_len=seq_len, progress=lambda msg: err.print(f"  {msg}"))
     console().print(quant_report(report))
+
+
+cli.add_command(chat)
+cli.add_command(bench)
 
 
 def main():

@@ -28,6 +28,7 @@ def model_options(f):
                      show_default=True, help="auto: bfloat16 on CUDA, float32 on the CPU."),
         click.option("--quant", default=None, help="Quantize the target at load time: fp8-block, int4 or w8a8."),
         click.option("--max-model-len", type=int, default=None, help="Context length (default: model's, at most 4096)."),
+        click.option("--static", is_flag=True, help="Fixed-shape decode/verify steps, replayed as CUDA graphs (GPU)."),
     ]
     return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
 
@@ -63,7 +64,7 @@ def sampling_options(f):
     return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
 
 
-def build_llm(ctx, model, device, dtype, quant, max_model_len, sp_type, draft, draft_quant, k, min_match, max_match,
+def build_llm(ctx, model, device, dtype, quant, max_model_len, static, sp_type, draft, draft_quant, k, min_match, max_match,
               verify, accept_policy):
     from speclite.api import LLM, SpecConfig
     from speclite.hub import load_registry
@@ -75,7 +76,7 @@ def build_llm(ctx, model, device, dtype, quant, max_model_len, sp_type, draft, d
         raise SpecliteError("--draft is only used with --sp-type vanilla")
     spec = SpecConfig(sp_type, k, draft, draft_quant, min_match, max_match, verify, accept_policy)
     return LLM(model, spec, device=device, dtype=dtype, quant=quant, models_file=models_file,
-               max_model_len=max_model_len)
+               max_model_len=max_model_len, static=static)
 
 
 def sampling_params(max_new_tokens, temperature, top_p, top_k, seed):

@@ -85,3 +85,25 @@ def test_context_overflow_is_a_clear_error(model_dirs):
     cache = model.new_cache(8)
     with pytest.raises(SpecliteError, match="exceeds the context"):
         model(torch.arange(9), cache)
+
+
+def test_static_forward_equals_dynamic(model_dirs):
+    """The fixed-shape step (what CUDA graphs capture) gives the dynamic forward's logits."""
+    from speclite.model.static import StaticDecoder
+
+    model = load_model(model_dirs["mistral"])
+    torch.manual_seed(2)
+    ids = torch.randint(0, 300, (30,))
+    with torch.no_grad():
+        dynamic_cache, static_cache = model.new_cache(48), model.new_cache(48)
+        static = StaticDecoder(model, static_cache, max_tokens=8)
+        expected = torch.cat([model(ids[:20], dynamic_cache), model(ids[20:21], dynamic_cache),
+                              model(ids[21:26], dynamic_cache)])
+        got = torch.cat([static(ids[:20], static_cache), static(ids[20:21], static_cache),
+                         static(ids[21:26], static_cache)])
+        assert static_cache.length == 26
+        static_cache.rollback(22)
+        dynamic_cache.rollback(22)
+        again = static(ids[22:26], static_cache)
+        assert torch.allclose(again, model(ids[22:26], dynamic_cache), atol=1e-4)
+    assert (got - expected).abs().max() <= 1e-4

@@ -53,6 +53,23 @@ def test_disagreeing_draft_is_still_exact(pair, stranger, plain_outputs):
         assert llm.generate(prompt, GREEDY)[0].token_ids == plain_outputs[prompt]
 
 
+def test_static_steps_are_exact(pair, plain_outputs):
+    llm = LLM(pair[0], {"method": "vanilla", "model": str(pair[1]), "num_speculative_tokens": 3}, static=True)
+    for prompt in PROMPTS[:3]:
+        assert llm.generate(prompt, GREEDY)[0].token_ids == plain_outputs[prompt]
+
+
+@pytest.mark.parametrize("scheme", ["int4", "w8a8", "fp8-block"])
+def test_quantized_draft_is_exact(pair, plain_outputs, scheme):
+    """A draft quantized at load time changes acceptance, never the output."""
+    llm = spec_llm(pair, "vanilla", 4, quantization=scheme)
+    assert llm.describe().count(scheme) == 1
+    for prompt in PROMPTS[:3]:
+        out = llm.generate(prompt, GREEDY)[0]
+        assert out.token_ids == plain_outputs[prompt]
+        assert out.aux_info["accept_rate"] > 0
+
+
 def test_naive_equals_plain_when_sampling(pair):
     params = SamplingParams(max_new_tokens=30, temperature=0.9, top_k=20, seed=5, ignore_eos=True)
     plain = LLM(pair[0]).generate(PROMPTS[0], params)[0].token_ids

@@ -175,13 +175,22 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache_k, cache_v = layer_cache
-        end = start + t
-        cache_k[:, start:end] = k.transpose(0, 1)
-        cache_v[:, start:end] = v.transpose(0, 1)
+        if isinstance(start, int):
+            # Dynamic shapes: attend over the filled part of the cache only.
+            end = start + t
+            cache_k[:, start:end] = k.transpose(0, 1)
+            cache_v[:, start:end] = v.transpose(0, 1)
+            keys, values = cache_k[:, :end], cache_v[:, :end]
+        else:
+            # Static shapes (CUDA graphs): positions are a tensor, the whole cache is attended
+            # under the mask, so every launch has the same shape whatever the length.
+            cache_k.index_copy_(1, start, k.transpose(0, 1))
+            cache_v.index_copy_(1, start, v.transpose(0, 1))
+            keys, values = cache_k, cache_v
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
-            cache_k[:, :end].unsqueeze(0),
-            cache_v[:, :end].unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
             attn_mask=mask,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
@@ -265,16 +274,31 @@ class Transformer(nn.Module):
         t, start = tokens.shape[0], cache.length
         if start + t > cache.max_len:
             raise SpecliteError(f"sequence of {start + t} tokens exceeds the context of {cache.max_len}")
+        pos = torch.arange(start, start + t, device=tokens.device)
+        logits = self._run(tokens, pos, cache, start, self._mask(start, t, tokens.device), num_logits)
+        cache.length = start + t
+        return logits
+
+    def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits for tokens at positions `pos` (a device tensor), with shapes that never change.
+
+        The caller advances cache.length; nothing here reads it, so the call can be captured in
+        a CUDA graph once and replayed at any position.
+        """
+        k_pos = torch.arange(cache.max_len, device=tokens.device)[None, :]
+        mask = k_pos <= pos[:, None]
+        if self.args.sliding_window is not None:
+            mask &= k_pos > pos[:, None] - self.args.sliding_window
+        return self._run(tokens, pos, cache, pos, mask, None)
+
+    def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits):
         x = self.model.embed_tokens(tokens)
-        pos = torch.arange(start, start + t, device=x.device, dtype=torch.float32)
-        freqs = torch.outer(pos, self.inv_freq)
+        freqs = torch.outer(pos.to(torch.float32), self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None, :]
         sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None, :]
-        mask = self._mask(start, t, x.device)
         for layer, layer_cache in zip(self.model.layers, cache.layers):
             x = layer(x, cos, sin, layer_cache, start, mask)
-        cache.length = start + t
         if num_logits is not None:
             x = x[-num_logits:]
         return self.lm_head(self.model.norm(x))
