@@ -1,0 +1,1 @@
+"""`speclite bench`: honest side-by-side measurements of plain vs speculative decoding."""

@@ -1,0 +1,110 @@
+"""`speclite bench`: plain vs speculative decoding side by side, method x k x quant sweeps."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from speclite.cli_options import console
+from speclite.errors import SpecliteError
+
+
+def _check_writable(path: Path | None, flag: str) -> None:
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise SpecliteError(f"cannot write {flag} {path}: not a writable file location")
+
+
+@click.command()
+@click.option("--model", "-m", default=None, help="Target: alias, org/name repo id, or local directory.")
+@click.option("--draft", default=None, help="Draft for vanilla (default: models.toml's recommendation).")
+@click.option("--sp-type", "sp_types", default=None,
+              help="Comma list of methods (naive, vanilla, deterministic). Default: all that apply.")
+@click.option("--k", "ks", default="4", show_default=True, help="Comma list of drafts per iteration, or auto.")
+@click.option("--quant", "quants", default=None, help="Comma list of target quant schemes (none, int4, w8a8, fp8-block).")
+@click.option("--draft-quant", default=None, help="Quantize the draft at load time.")
+@click.option("--accept-policy", type=click.Choice(["normal", "accept_all", "reject_all"]), default="normal",
+              show_default=True, help="accept_all: k+1 tokens per iteration by construction (loop overhead).")
+@click.option("--prompts", default="builtin", show_default=True,
+              help="builtin, builtin:code,json,summarise,edit,chat, or a JSONL file.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True, help="Interleaved repeats; the median is reported.")
+@click.option("--sp-min-token-match", "min_match", type=int, default=1, show_default=True)
+@click.option("--sp-max-token-match", "max_match", type=int, default=3, show_default=True)
+@click.option("--ignore-eos", is_flag=True, help="Always generate --max-new-tokens (on for --synthetic).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--static", is_flag=True, help="Fixed-shape steps replayed as CUDA graphs (GPU).")
+@click.option("--max-model-len", type=int, default=None, help="Context (KV cache) length.")
+@click.option("--synthetic", default=None, help="Random-weight target of a real shape: qwen2.5-7b, qwen2.5-1.5b, ...")
+@click.option("--synthetic-draft", default=None, help="Random-weight draft of a real shape, e.g. qwen2.5-0.5b.")
+@click.option("--layers", type=int, default=None, help="Synthetic: fewer layers, for a quick run.")
+@click.option("--draft-layers", type=int, default=None, help="Synthetic draft layers (default: --layers).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write every raw figure here.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+              help="PNG: speedup vs k, acceptance per position (needs matplotlib).")
+@click.pass_context
+def bench(ctx, json_path, plot_path, **flags):
+    """Plain vs speculative tokens/s on the same prompts, in one process, interleaved."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from speclite.bench.report import results_table, roofline_lines, workload_table
+    from speclite.bench.session import BenchOptions, check_options, run_bench
+
+    options = BenchOptions(
+        model=flags["model"], draft=flags["draft"], sp_types=flags["sp_types"], ks=flags["ks"],
+        quants=flags["quants"], draft_quant=flags["draft_quant"], accept_policy=flags["accept_policy"],
+        prompts=flags["prompts"], max_new_tokens=flags["max_new_tokens"], repeats=flags["repeats"],
+        device=flags["device"], dtype=flags["dtype"], max_model_len=flags["max_model_len"],
+        min_match=flags["min_match"], max_match=flags["max_match"], ignore_eos=flags["ignore_eos"],
+        synthetic=flags["synthetic"], synthetic_draft=flags["synthetic_draft"], layers=flags["layers"],
+        draft_layers=flags["draft_layers"], threads=flags["threads"], static=flags["static"], models_file=(ctx.obj or {}).get("models_file"),
+    )
+    # Everything that can be refused is refused before minutes of model loading.
+    check_options(options)
+    _check_writable(json_path, "--json")
+    _check_writable(plot_path, "--plot")
+    if plot_path is not None:
+        from speclite.bench.plot import require_matplotlib
+
+        require_matplotlib()
+    err = console(stderr=True)
+    progress = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                        TimeElapsedColumn(), console=err, transient=True)
+    with progress:
+        task = progress.add_task("loading", total=None)
+        result = run_bench(
+            options,
+            on_start=lambda n: progress.update(task, total=n, description="warm-up"),
+            on_run=lambda rec: progress.update(task, advance=1, description=f"{rec.config} / {rec.prompt}"),
+        )
+    meta = result["meta"]
+    title = (f"{meta['model']}" + (f" + draft {meta['draft']}" if meta["draft"] else "") +
+             f" | {meta['device']} {meta['dtype']}, {meta['threads']} threads | {len(meta['prompts'])} prompts x "
+             f"{meta['max_new_tokens']} new tokens | median of {meta['repeats']} interleaved repeats")
+    out = console()
+    if not out.is_terminal:
+        out.width = max(out.width, 150)  # redirected to a file: keep each table row on one line
+    out.print(results_table(result["configs"], title, meta["memory_kind"]))
+    out.print(workload_table(result["configs"]))
+    for line in roofline_lines(result["rooflines"]):
+        out.print(line)
+    out.print(f"process peak RSS {meta['process_peak_rss_bytes'] / 2**20:.0f} MiB; "
+              "speedups are ratios within this run: absolute tokens/s vary with machine load")
+    if json_path is not None:
+        try:
+            json_path.write_text(json.dumps(result, indent=1))
+        except OSError as e:
+            raise SpecliteError(f"cannot write --json {json_path}: {e.strerror or e}") from None
+        out.print(f"wrote {json_path}")
+    if plot_path is not None:
+        from speclite.bench.plot import save_plot
+
+        save_plot(result["configs"], plot_path, title)
+        out.print(f"wrote {plot_path}")

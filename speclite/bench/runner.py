@@ -1,0 +1,197 @@
+"""Run every configuration on every prompt, interleaved, and keep each run's raw figures.
+
+Each distinct model is loaded once: one LLM (target) per quant scheme and one draft shared by all
+of them; a configuration is only a fresh Speculation swapped into the engine. Load time, prompt
+tokenisation and building a proposer are never timed; a run's time is the engine's generate()
+(prefill + decode loop + detokenisation) between device syncs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from speclite import hub
+from speclite.api import LLM, check_same_tokenizer, load_tokenizer
+from speclite.bench.memory import MemoryMeter, model_bytes
+from speclite.bench.prompts import BenchPrompt
+from speclite.bench.sweep import BenchConfig
+from speclite.engine.loop import Speculation
+from speclite.engine.sampling import SamplingParams
+from speclite.errors import SpecliteError
+from speclite.model import load_model
+from speclite.model.static import StaticDecoder
+from speclite.spec import build_proposer
+from speclite.spec.draft_model import DraftModelProposer
+from speclite.spec.schedule import AdaptiveSpecLength, SpecLength
+from speclite.spec.verify import get_verifier
+
+
+@dataclass
+class RunRecord:
+    """One configuration on one prompt in one repeat."""
+
+    config: str
+    repeat: int
+    prompt: str
+    workload: str
+    output_tokens: int
+    elapsed_s: float
+    iter_count: int
+    proposed: int
+    accepted: int
+    proposed_at: list[int]
+    accepted_at: list[int]
+    draft_s: float
+    verify_s: float
+    same_as_plain: bool
+    finish_reason: str
+    token_ids: list[int] = field(repr=False, default_factory=list)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@dataclass
+class BenchModels:
+    """The loaded models: one LLM per target quant, and the draft they share."""
+
+    llms: dict[str | None, LLM]
+    draft: object | None  # speclite Transformer
+    draft_name: str | None
+    static: bool = False
+
+    @classmethod
+    def load(cls, model: str, draft: str | None, quants: list[str | None], *, device, dtype, draft_quant=None,
+             models_file=None, max_model_len=None, static=False) -> "BenchModels":
+        llms = {q: LLM(model, None, device=device, dtype=dtype, quant=q, models_file=models_file,
+                       max_model_len=max_model_len, static=static) for q in quants}
+        first = next(iter(llms.values()))
+        draft_model = None
+        if draft is not None:
+            draft_dir = hub.resolve(draft, models_file)
+            check_same_tokenizer(first.tokenizer, load_tokenizer(draft_dir), str(model), str(draft))
+            draft_model = load_model(draft_dir, device=first.device, dtype=first.dtype)
+            if draft_quant:
+                from speclite.quant import quantize_model
+
+                draft_model = quantize_model(draft_model, draft_quant)
+        return cls(llms, draft_model, draft, static)
+
+
+class Runner:
+    def __init__(self, models: BenchModels, configs: list[BenchConfig], prompts: list[BenchPrompt],
+                 max_new_tokens: int, *, ignore_eos: bool = False, min_match: int = 1, max_match: int = 3):
+        if any(c.method == "vanilla" for c in configs) and models.draft is None:
+            raise SpecliteError("--sp-type vanilla needs a draft: pass --draft (or --synthetic-draft)")
+        self.models, self.configs, self.prompts = models, configs, prompts
+        self.params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        self.min_match, self.max_match = min_match, max_match
+        self.device = next(iter(models.llms.values())).device
+        self.meter = MemoryMeter(self.device)
+        self.peak_bytes: dict[str, int] = {}
+        # Tokenise once per (quant, prompt): the encoding is not what is being measured.
+        self.inputs = {q: [self._encode(llm, p) for p in prompts] for q, llm in models.llms.items()}
+        # One proposer per method, shared by every k and quant (k is asked per iteration), so the
+        # draft's KV cache and its captured CUDA graphs exist once.
+        self.proposers = {}
+        for c in configs:
+            if c.method != "plain" and c.method not in self.proposers:
+                self.proposers[c.method] = self._proposer(c)
+
+    @staticmethod
+    def _encode(llm: LLM, p: BenchPrompt) -> tuple[list[int], dict]:
+        if isinstance(p.prompt, list) and not llm.tokenizer.chat_template:
+            # A base model without a chat template reads the conversation as plain text.
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in p.prompt) + "assistant:"
+            ids = llm.encode(text)
+        else:
+            ids = llm.encode(p.prompt)
+        extra = dict(p.extra)
+        advice = extra.pop("sp_advice_prompt", None)
+        if advice:
+            extra["sp_advice_ids"] = llm.tokenizer.encode(advice, add_special_tokens=False)
+        return ids, extra
+
+    def _proposer(self, config: BenchConfig):
+        llm = next(iter(self.models.llms.values()))
+        cfg = config.spec_config(self.models.draft_name, self.min_match, self.max_match)
+        draft = self.models.draft if cfg.method == "vanilla" else None
+        proposer = build_proposer(cfg, draft, llm.max_len, llm.target.args.vocab_size)
+        if self.models.static and isinstance(proposer, DraftModelProposer):
+            proposer.model = StaticDecoder(proposer.model, proposer.cache)
+        return proposer
+
+    def _speculation(self, config: BenchConfig, params: SamplingParams) -> Speculation | None:
+        if config.method == "plain":
+            return None
+        proposer = self.proposers[config.method]
+        if isinstance(proposer, DraftModelProposer):
+            proposer.tokens = []  # start cold like the target: no draft prefix kept from the last run
+        cfg = config.spec_config(self.models.draft_name, self.min_match, self.max_match)
+        length = AdaptiveSpecLength() if cfg.k == "auto" else SpecLength(0 if cfg.method == "naive" else cfg.k)
+        return Speculation(proposer, get_verifier(cfg.verify, params), length, cfg.accept_policy)
+
+    def _resident_bytes(self, config: BenchConfig) -> int:
+        """Weights plus preallocated KV caches of the models this configuration uses."""
+        llm = self.models.llms[config.quant]
+        total = model_bytes(llm.target) + llm.engine.cache.nbytes()
+        proposer = self.proposers.get(config.method)
+        if isinstance(proposer, DraftModelProposer):
+            total += model_bytes(self.models.draft) + proposer.cache.nbytes()
+        return total
+
+    def run_one(self, config: BenchConfig, index: int, params: SamplingParams):
+        """(RequestOutput, seconds) of one prompt; the engine starts cold (no cached prefix)."""
+        llm = self.models.llms[config.quant]
+        ids, extra = self.inputs[config.quant][index]
+        llm.engine.reset()
+        llm.engine.spec = self._speculation(config, params)
+        sync(self.device)
+        start = time.perf_counter()
+        out = llm.engine.generate(ids, params, extra)
+        sync(self.device)
+        seconds = time.perf_counter() - start
+        llm.engine.spec = None
+        return out, seconds
+
+    def warm_up(self) -> None:
+        """Every configuration once on the first prompt: allocations, lazy init, CUDA graph capture."""
+        for config in self.configs:
+            self.run_one(config, 0, self.params)
+
+    def run(self, repeats: int, on_run=None) -> list[RunRecord]:
+        """For each repeat, every configuration on all prompts, so drift affects all alike.
+
+        Odd repeats go through the configurations in reverse, so slow drift within a repeat
+        (thermal, a neighbour's load) does not always favour the same end of the list.
+        """
+        records: list[RunRecord] = []
+        for r in range(repeats):
+            order = self.configs if r % 2 == 0 else list(reversed(self.configs))
+            plain_ids: dict[tuple, list[int]] = {}
+            this_repeat: list[tuple[RunRecord, tuple]] = []
+            for config in order:
+                self.meter.start()
+                for i, p in enumerate(self.prompts):
+                    out, seconds = self.run_one(config, i, self.params)
+                    s = out.stats
+                    rec = RunRecord(config.label, r, p.name, p.workload, len(out.token_ids), seconds, s.iter_count,
+                                    s.proposed, s.accepted, list(s.proposed_at), list(s.accepted_at), s.draft_s,
+                                    s.verify_s, False, out.finish_reason, list(out.token_ids))
+                    if config.method == "plain":
+                        plain_ids[(config.quant, i)] = rec.token_ids
+                    this_repeat.append((rec, (config.quant, i)))
+                    if on_run:
+                        on_run(rec)
+                peak = self._resident_bytes(config) + self.meter.transient_peak()
+                self.peak_bytes[config.label] = max(self.peak_bytes.get(config.label, 0), peak)
+            # Greedy speculation is lossless: anything but accept_all must reproduce plain's tokens.
+            for rec, key in this_repeat:
+                rec.same_as_plain = rec.token_ids == plain_ids[key]
+                records.append(rec)
+        return records

@@ -1,0 +1,159 @@
+"""One whole bench: build or resolve the models, warm up, run interleaved, summarise.
+
+Both `speclite bench` and benchmarks/*.py go through run_bench(), so every number they print
+comes from the same timing code.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from speclite import hub
+from speclite.bench.memory import model_bytes, process_peak_rss_bytes
+from speclite.bench.prompts import load_prompts
+from speclite.bench.report import summarise
+from speclite.bench.roofline import copy_bandwidth, roofline
+from speclite.bench.runner import BenchModels, Runner
+from speclite.bench.sweep import build_sweep, parse_ks, parse_methods, parse_quants
+from speclite.errors import SpecliteError
+from speclite.model.loader import resolve_device, resolve_dtype
+
+
+@dataclass
+class BenchOptions:
+    model: str | None = None
+    draft: str | None = None
+    sp_types: str | None = None  # comma list; None: naive, vanilla (when a draft is known), deterministic
+    ks: str = "4"
+    quants: str | None = None
+    draft_quant: str | None = None
+    accept_policy: str = "normal"
+    prompts: str = "builtin"
+    max_new_tokens: int = 64
+    repeats: int = 3
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    min_match: int = 1
+    max_match: int = 3
+    ignore_eos: bool = False
+    synthetic: str | None = None
+    synthetic_draft: str | None = None
+    layers: int | None = None
+    draft_layers: int | None = None
+    static: bool = False  # CUDA graphs for the fixed-shape decode / verify / draft steps
+    threads: int | None = None  # torch CPU threads; 1 is steadier on a shared, oversubscribed machine
+    models_file: str | None = None
+    extra_meta: dict = field(default_factory=dict)
+
+
+def check_options(o: BenchOptions) -> None:
+    """Invalid combinations fail here, before anything is built or loaded."""
+    if (o.model is None) == (o.synthetic is None):
+        raise SpecliteError("give exactly one of --model and --synthetic")
+    if o.synthetic_draft and not o.synthetic:
+        raise SpecliteError("--synthetic-draft needs --synthetic")
+    if o.synthetic and o.draft:
+        raise SpecliteError("with --synthetic the draft is --synthetic-draft, not --draft")
+    if (o.layers or o.draft_layers) and not o.synthetic:
+        raise SpecliteError("--layers shrinks --synthetic models only")
+    if o.repeats < 1:
+        raise SpecliteError(f"--repeats must be at least 1, got {o.repeats}")
+    if o.max_new_tokens < 1:
+        raise SpecliteError(f"--max-new-tokens must be at least 1, got {o.max_new_tokens}")
+    if any(n is not None and n < 1 for n in (o.layers, o.draft_layers)):
+        raise SpecliteError("--layers must be at least 1")
+    if o.threads is not None and o.threads < 1:
+        raise SpecliteError(f"--threads must be at least 1, got {o.threads}")
+
+
+def _draft_for(o: BenchOptions, methods_given: bool, methods: list[str]) -> str | None:
+    if o.synthetic or o.draft:
+        return o.draft
+    if not methods_given or "vanilla" in methods:
+        return hub.recommended_draft(o.model, o.models_file)
+    return None
+
+
+def run_bench(o: BenchOptions, on_start=None, on_run=None) -> dict:
+    """Everything measured, as the JSON document `speclite bench --json` writes."""
+    check_options(o)
+    threads = torch.get_num_threads()
+    if o.threads:
+        torch.set_num_threads(o.threads)
+    try:
+        return _run(o, on_start, on_run)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(o: BenchOptions, on_start, on_run) -> dict:
+    prompts = load_prompts(o.prompts)
+    ks = parse_ks(o.ks)
+    quants = parse_quants(o.quants)
+    methods = parse_methods(o.sp_types) if o.sp_types else []
+    device = resolve_device(o.device)
+    dtype = resolve_dtype(o.dtype, device)
+    with tempfile.TemporaryDirectory(prefix="speclite-bench-") as tmp:
+        model, draft, tokenizer_source = o.model, _draft_for(o, bool(o.sp_types), methods), None
+        if o.synthetic:
+            from speclite.bench.synthetic import build_pair
+
+            target_dir, draft_dir, tokenizer_source = build_pair(
+                Path(tmp), o.synthetic, o.synthetic_draft, o.layers, dtype, o.draft_layers or o.layers)
+            model, draft = str(target_dir), (str(draft_dir) if draft_dir else None)
+        if not o.sp_types:
+            methods = ["naive"] + (["vanilla"] if draft else []) + ["deterministic"]
+        if "vanilla" not in methods:
+            draft = None  # nothing would use it: do not load it
+        elif draft is None:
+            raise SpecliteError("--sp-type vanilla needs a draft: pass --draft (or --synthetic-draft); "
+                                f"models.toml recommends none for '{model}'")
+        configs = build_sweep(methods, ks, quants, o.accept_policy)
+        models = BenchModels.load(model, draft, quants, device=device, dtype=dtype, draft_quant=o.draft_quant,
+                                  models_file=o.models_file, max_model_len=o.max_model_len, static=o.static)
+        runner = Runner(models, configs, prompts, o.max_new_tokens, ignore_eos=o.ignore_eos or bool(o.synthetic),
+                        min_match=o.min_match, max_match=o.max_match)
+        if on_start:
+            on_start(len(configs) * len(prompts) * o.repeats)
+        runner.warm_up()
+        records = runner.run(o.repeats, on_run)
+        peak_rss = process_peak_rss_bytes()
+        rows = summarise(configs, records, runner.peak_bytes)
+        bandwidth = copy_bandwidth(device)
+        rooflines = {}
+        for quant, llm in models.llms.items():
+            plain = next(r for r in rows if r["method"] == "plain" and r["quant"] == quant)
+            rooflines[quant or ""] = roofline(model_bytes(llm.target), bandwidth, plain["step_s"])
+    meta = {
+        "model": o.synthetic and f"synthetic {o.synthetic}" or o.model,
+        "draft": (o.synthetic_draft and f"synthetic {o.synthetic_draft}" or draft) if draft else None,
+        "draft_quant": o.draft_quant,
+        "synthetic_layers": {"target": o.layers, "draft": o.draft_layers or o.layers} if o.synthetic else None,
+        "synthetic_tokenizer": tokenizer_source,
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "static": o.static,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "max_new_tokens": o.max_new_tokens,
+        "ignore_eos": runner.params.ignore_eos,
+        "repeats": o.repeats,
+        "accept_policy": o.accept_policy,
+        "prompts": [{"name": p.name, "workload": p.workload} for p in prompts],
+        "memory_kind": runner.meter.kind,
+        "process_peak_rss_bytes": peak_rss,
+        "tokens_per_s": "output tokens over all prompts / summed wall time of generate() (prefill included), "
+                        "median over repeats",
+        **o.extra_meta,
+    }
+    runs = [{k: v for k, v in asdict(r).items() if k != "token_ids"} for r in records]
+    return {"meta": meta, "configs": rows, "rooflines": rooflines, "runs": runs}
