@@ -66,6 +66,8 @@ _EDIT2_NEW = (
     "    def add(self, n=1):\n"
     "        self.count += n\n"
 )
+_EDIT3_SRC = '{"name": "speclite", "version": "0.1.0", "debug": true}\n'
+_EDIT3_NEW = '{"name": "speclite", "version": "0.2.0", "debug": false}\n'
 
 
 def _user(text: str) -> list[dict]:
@@ -92,6 +94,8 @@ BUILTIN: tuple[BenchPrompt, ...] = (
                 {"sp_advice_prompt": _EDIT_NEW, "sp_edit": 1}),
     BenchPrompt("edit-counter", "edit", f"Let Counter start at any value and add n at a time.\n\n{_EDIT2_SRC}\nEdited:\n",
                 {"sp_advice_prompt": _EDIT2_NEW, "sp_edit": 1}),
+    BenchPrompt("edit-json", "edit", f"Bump the version to 0.2.0 and turn debug off.\n\n{_EDIT3_SRC}\nEdited:\n",
+                {"sp_advice_prompt": _EDIT3_NEW, "sp_edit": 1}),
     BenchPrompt("chat-python", "chat", _user("How do I read a file line by line in Python?")),
     BenchPrompt("chat-plan", "chat", _user("Give me three tips for writing clear commit messages.")),
     BenchPrompt("chat-explain", "chat", _user("What is a hash table, in one paragraph?")),

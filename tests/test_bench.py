@@ -1,0 +1,181 @@
+"""`speclite bench`: the JSON's schema and arithmetic, accept_all, synthetic models, clear errors.
+
+Speeds are never asserted (noisy shared machines); only how the figures relate to each other.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from speclite.bench.prompts import BUILTIN, WORKLOADS, load_prompts
+from speclite.bench.sweep import build_sweep, parse_ks, parse_methods
+from speclite.cli import cli
+from speclite.errors import SpecliteError
+
+CONFIG_FIELDS = {
+    "label", "method", "k", "quant", "accept_policy", "tokens_per_s", "tokens_per_s_runs", "plain_tokens_per_s",
+    "speedup", "output_tokens", "iter_count", "avg_tokens_per_iter", "proposed", "accepted", "accept_rate",
+    "proposed_at", "accepted_at", "accepted_per_position", "elapsed_s", "draft_s", "verify_s", "draft_share",
+    "verify_share", "step_s", "peak_memory_bytes", "same_as_plain", "runs", "by_workload",
+}
+RUN_FIELDS = {"config", "repeat", "prompt", "workload", "output_tokens", "elapsed_s", "iter_count", "proposed",
+              "accepted", "proposed_at", "accepted_at", "draft_s", "verify_s", "same_as_plain", "finish_reason"}
+FAST = ["--threads", "1", "--repeats", "1"]
+
+
+def bench(*args):
+    result = CliRunner().invoke(cli, ["bench", *map(str, args)], catch_exceptions=True)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def report(pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    target, draft = pair
+    text = bench("--model", target, "--draft", draft, "--sp-type", "naive,vanilla,deterministic", "--k", "1,3",
+                 "--prompts", "builtin:code,edit", "--max-new-tokens", 8, "--repeats", 2, "--threads", 1,
+                 "--json", out)
+    return json.loads(out.read_text()), text
+
+
+def test_json_has_every_figure_and_speedup_is_a_ratio_of_the_same_run(report):
+    data, text = report
+    rows = {r["label"]: r for r in data["configs"]}
+    assert list(rows) == ["plain", "naive", "vanilla k=1", "vanilla k=3", "deterministic k=1", "deterministic k=3"]
+    prompts = [p for p in BUILTIN if p.workload in ("code", "edit")]
+    assert len(data["runs"]) == len(rows) * len(prompts) * 2
+    for row in rows.values():
+        assert CONFIG_FIELDS <= set(row)
+        runs = [r for r in data["runs"] if r["config"] == row["label"]]
+        assert all(RUN_FIELDS <= set(r) for r in runs)
+        per_repeat = [sum(r["output_tokens"] for r in runs if r["repeat"] == i) /
+                      sum(r["elapsed_s"] for r in runs if r["repeat"] == i) for i in range(2)]
+        assert row["tokens_per_s_runs"] == pytest.approx(per_repeat)
+        assert row["tokens_per_s"] == pytest.approx(statistics.median(per_repeat))
+        assert row["speedup"] == pytest.approx(row["tokens_per_s"] / rows["plain"]["tokens_per_s"])
+        assert row["avg_tokens_per_iter"] == pytest.approx(row["output_tokens"] / row["iter_count"])
+        assert 0 <= row["draft_share"] + row["verify_share"] <= 1
+        # Greedy speculation is lossless: every run reproduces plain decoding's tokens.
+        assert row["same_as_plain"] == row["runs"] == len(runs)
+        assert set(row["by_workload"]) == {"code", "edit"}
+    assert rows["plain"]["speedup"] == 1.0
+    for label in ("plain", "naive"):
+        assert rows[label]["proposed"] == 0 and rows[label]["avg_tokens_per_iter"] == 1.0
+    assert len(rows["vanilla k=3"]["accepted_per_position"]) == 3
+    assert rows["vanilla k=3"]["avg_tokens_per_iter"] > 1.0
+    # The draft's weights and cache count for vanilla only.
+    assert rows["vanilla k=1"]["peak_memory_bytes"] > rows["plain"]["peak_memory_bytes"] > 0
+    assert rows["deterministic k=1"]["peak_memory_bytes"] == rows["plain"]["peak_memory_bytes"]
+    meta = data["meta"]
+    assert meta["memory_kind"] == "weights+KV" and meta["process_peak_rss_bytes"] > 0
+    assert meta["repeats"] == 2 and meta["max_new_tokens"] == 8 and meta["threads"] == 1
+    roof = data["rooflines"][""]
+    assert roof["measured_step_s"] == pytest.approx(rows["plain"]["step_s"]) and roof["roofline_step_s"] > 0
+    assert "vanilla k=3" in text and "roofline" in text
+
+
+def test_accept_all_emits_k_plus_one_tokens_per_iteration(pair, tmp_path):
+    out = tmp_path / "b.json"
+    target, draft = pair
+    bench("--model", target, "--draft", draft, "--sp-type", "vanilla,deterministic", "--k", 2, "--accept-policy",
+          "accept_all", "--ignore-eos", "--max-new-tokens", 9, "--prompts", "builtin:json", *FAST, "--json", out)
+    rows = {r["label"]: r for r in json.loads(out.read_text())["configs"]}
+    vanilla = rows["vanilla k=2 (accept_all)"]
+    assert vanilla["avg_tokens_per_iter"] == 3.0 and vanilla["accepted_per_position"] == [1.0, 1.0]
+    assert vanilla["output_tokens"] == 9 * 3
+
+
+def test_synthetic_pair_with_roofline(tmp_path):
+    # A real config's layout with small dimensions keeps the test quick; shipped names work the same.
+    from speclite.synthetic import synthetic_config
+
+    cfg = synthetic_config("qwen2.5-0.5b") | {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                                              "num_key_value_heads": 2, "vocab_size": 8192}
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(cfg))
+    out = tmp_path / "s.json"
+    text = bench("--synthetic", path, "--synthetic-draft", path, "--layers", 1, "--sp-type", "vanilla", "--k", 3,
+                 "--accept-policy", "accept_all", "--max-new-tokens", 8, "--prompts", "builtin:chat", *FAST,
+                 "--json", out)
+    data = json.loads(out.read_text())
+    meta = data["meta"]
+    assert meta["model"].startswith("synthetic") and meta["synthetic_layers"] == {"target": 1, "draft": 1}
+    assert meta["ignore_eos"] is True and meta["synthetic_tokenizer"]
+    rows = {r["label"]: r for r in data["configs"]}
+    assert rows["vanilla k=3 (accept_all)"]["avg_tokens_per_iter"] == 4.0
+    roof = data["rooflines"][""]
+    assert roof["copy_bandwidth_bytes_per_s"] > 0 and roof["weight_bytes"] > 8192 * 64
+    assert "copy bandwidth" in text
+
+
+def test_plot_is_a_png(pair, tmp_path):
+    pytest.importorskip("matplotlib")
+    target, draft = pair
+    png = tmp_path / "b.png"
+    bench("--model", target, "--sp-type", "deterministic", "--k", "1,2", "--max-new-tokens", 4,
+          "--prompts", "builtin:summarise", *FAST, "--plot", png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "x", "--synthetic", "qwen2.5-7b"], "exactly one of --model and --synthetic"),
+    (["--synthetic-draft", "qwen2.5-0.5b", "--model", "x"], "--synthetic-draft needs --synthetic"),
+    (["--k", "0"], "--k values are numbers"),
+    (["--sp-type", "medusa"], "unknown --sp-type 'medusa'"),
+    (["--prompts", "builtin:poetry"], "unknown workload 'poetry'"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--json", "/nonexistent/dir/b.json"], "cannot write --json"),
+    (["--sp-type", "vanilla"], "needs a draft"),
+])
+def test_bad_input_is_one_clear_error(pair, args, message):
+    target, _ = pair
+    full = (["--model", str(target)] if "--model" not in args and "--synthetic" not in args else []) + args
+    with pytest.raises(SpecliteError, match=message.replace("(", r"\(")):
+        bench(*FAST, *full)
+
+
+def test_plot_without_matplotlib_fails_before_loading(pair, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    with pytest.raises(SpecliteError, match="--plot needs matplotlib"):
+        bench("--model", pair[0], "--plot", tmp_path / "p.png")
+
+
+def test_cli_prints_one_line_not_a_traceback():
+    proc = subprocess.run([sys.executable, "-m", "speclite.cli", "bench", "--k", "two", "--model", "m"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == ["error: --k values are numbers from 1 to 64 or 'auto', got 'two'"]
+
+
+def test_prompt_sets(tmp_path):
+    assert set(WORKLOADS) == {"code", "json", "summarise", "edit", "chat"}
+    for w in WORKLOADS:
+        assert len(load_prompts(f"builtin:{w}")) >= 3
+    assert all(p.extra.get("sp_advice_prompt") and p.extra.get("sp_edit") == 1 for p in load_prompts("builtin:edit"))
+    assert len(load_prompts("builtin")) == len(BUILTIN)
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": "a", "prompt": "x = 1", "workload": "code"}\n\n'
+                 '{"messages": [{"role": "user", "content": "hi"}], "extra_config": {"sp_advice_prompt": "hello"}}\n')
+    a, b = load_prompts(str(f))
+    assert (a.name, a.workload, a.prompt) == ("a", "code", "x = 1")
+    assert (b.name, b.workload, b.extra) == ("line3", "file", {"sp_advice_prompt": "hello"})
+    f.write_text('{"prompt": "ok"}\n{"oops": 1}\n')
+    with pytest.raises(SpecliteError, match=r"p.jsonl:2: needs a non-empty"):
+        load_prompts(str(f))
+
+
+def test_sweep_has_one_plain_baseline_per_quant():
+    configs = build_sweep(parse_methods("naive,vanilla,ngram"), parse_ks("2,auto,2"), [None, "int4"], "accept_all")
+    labels = [c.label for c in configs]
+    assert labels[:6] == ["plain", "naive (accept_all)", "vanilla k=2 (accept_all)", "vanilla k=auto (accept_all)",
+                          "deterministic k=2 (accept_all)", "deterministic k=auto (accept_all)"]
+    assert labels[6] == "plain [int4]" and len(labels) == 12
