@@ -34,6 +34,7 @@ class Chunk:
 
     token_ids: list[int]
     text: str
+    stats: RequestStats | None = None  # the request's figures so far (chat's live panel)
 
 
 @dataclass
@@ -101,7 +102,7 @@ class Engine:
                     ready = len(text) if stop_at is not None else len(text.rstrip("\ufffd"))
                     delta = text[emitted_chars:ready]
                     emitted_chars = max(emitted_chars, ready)
-                    yield Chunk(new, delta)
+                    yield Chunk(new, delta, stats)
                     if stop_at is not None:
                         break
         finally:

@@ -1,0 +1,127 @@
+"""`speclite chat`: flags -> LLM -> a Session driven line by line, shown by a live or a plain view."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from speclite.cli_options import build_llm, model_options, sampling_options, sampling_params, spec_options
+from speclite.errors import SpecliteError
+
+
+@click.command()
+@model_options
+@spec_options
+@sampling_options
+@click.option("--system", default=None, help="System prompt.")
+@click.pass_context
+def chat(ctx, system, max_new_tokens, temperature, top_p, top_k, seed, **flags):
+    """Chat with a model and watch speculation work: /help lists the commands."""
+    from speclite.chat.session import Session
+    from speclite.chat.view import LiveView, PlainView
+
+    params = sampling_params(max_new_tokens, temperature, top_p, top_k, seed)
+    llm = build_llm(ctx, **flags)
+    if not llm.tokenizer.chat_template:
+        raise SpecliteError(f"model '{llm.model_name}' has no chat template: chat needs an instruct model "
+                            "(speclite generate takes plain prompts)")
+    view = LiveView() if sys.stdout.isatty() else PlainView()
+    view.info(f"loaded: {llm.describe()}")
+    view.info(memory_line(llm))
+    view.info("/help for commands, Ctrl-C stops an answer, Ctrl-D or /exit quits")
+    run(Session(llm, params, system), view, interactive=sys.stdin.isatty())
+
+
+def run(session, view, interactive: bool) -> None:
+    """Read lines until /exit or end of input; each is a slash command or a message to answer."""
+    from speclite.chat.view import Setup
+
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:
+            pass
+    while True:
+        try:
+            line = input("> " if interactive else "").strip()
+        except EOFError:
+            return
+        except KeyboardInterrupt:
+            view.info("\n(Ctrl-D or /exit to quit)")
+            continue
+        if not interactive and line:
+            view.reply(f"> {line}")  # piped prompts: keep the transcript readable
+        if not line:
+            continue
+        if line.startswith("/"):
+            reply = session.command(line)
+            if reply.exit:
+                return
+            if reply.error:
+                view.error(reply.text)
+            elif reply.stats is not None:
+                view.totals(reply.stats, Setup.of(session.llm), reply.text)
+            else:
+                view.reply(reply.text)
+            continue
+        try:
+            answer(session, view, line)
+        except KeyboardInterrupt:  # a second Ctrl-C while the answer was being wrapped up
+            view.info("\n(interrupted)")
+
+
+def answer(session, view, line: str) -> None:
+    """Stream one answer; Ctrl-C stops it and keeps what was generated."""
+    from speclite.chat.view import Setup
+
+    try:
+        dropped, chunks = session.ask(line)
+    except SpecliteError as e:
+        view.error(str(e))
+        return
+    if dropped:
+        view.info(f"context of {session.llm.max_len} tokens is full: dropped the oldest {dropped} turn(s)")
+    before = session.last
+    interrupted = False
+    try:
+        view.start(Setup.of(session.llm))
+        for chunk in chunks:
+            view.update(chunk)
+    except KeyboardInterrupt:
+        interrupted = True
+    except SpecliteError as e:
+        view.error(str(e))
+    finally:
+        chunks.close()  # runs the Session's and the Engine's bookkeeping for a partial answer
+        view.end(session.last if session.last is not before else None, interrupted)
+
+
+def memory_line(llm) -> str:
+    """Weights and KV cache bytes of the target and (if any) the draft model."""
+    proposer = getattr(llm.engine.spec, "proposer", None)
+    draft_model, draft_cache = getattr(proposer, "model", None), getattr(proposer, "cache", None)
+    weights = f"weights {_mb(_module_bytes(llm.target))}"
+    kv = f"KV cache {_mb(llm.engine.cache.nbytes())}"  # allocated now rather than on the first turn
+    if draft_model is not None:
+        weights += f" + draft {_mb(_module_bytes(draft_model))}"
+    if draft_cache is not None:
+        kv += f" + draft {_mb(draft_cache.nbytes())}"
+    return f"memory: {weights}, {kv} ({llm.max_len} tokens of context)"
+
+
+def _module_bytes(module) -> int:
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        module = module.model  # a wrapper (the static CUDA-graph decoder) around the model
+    seen, total = set(), 0
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.data_ptr() not in seen:  # tied embeddings are one tensor
+            seen.add(t.data_ptr())
+            total += t.nbytes
+    return total
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"

@@ -1,0 +1,133 @@
+"""The chat session in-process: prefix reuse across turns, interrupts, context trimming, slash commands, panel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from speclite.api import LLM, SpecConfig
+from speclite.chat.session import Session
+from speclite.chat.view import Setup, stats_line, stats_panel
+from speclite.engine.sampling import SamplingParams
+from speclite.engine.stats import RequestStats
+from speclite.errors import SpecliteError
+
+
+@pytest.fixture(scope="module")
+def llm(pair):
+    target, draft = pair
+    return LLM(target, SpecConfig("vanilla", 4, draft))
+
+
+@pytest.fixture
+def session(llm):
+    llm.set_speculation(True)
+    llm.set_k(4)
+    return Session(llm, SamplingParams(max_new_tokens=12), system="be brief")
+
+
+def answer(session, text):
+    dropped, chunks = session.ask(text)
+    return dropped, list(chunks)
+
+
+def forward_sizes(model):
+    """Tokens in each forward call of `model`, recorded by a hook (the caller removes it)."""
+    sizes = []
+    handle = model.register_forward_pre_hook(lambda module, args: sizes.append(args[0].shape[0]))
+    return sizes, handle
+
+
+def test_second_turn_prefills_only_the_new_tokens(session, llm):
+    llm.engine.reset()
+    answer(session, "hello there")
+    first_prompt = llm.encode(session.messages[:-1])
+    second_prompt = llm.encode(session.messages + [{"role": "user", "content": "and now?"}])
+    new_tokens = len(second_prompt) - len(first_prompt)  # the first answer and the new user turn
+    target_sizes, h1 = forward_sizes(llm.target)
+    draft_sizes, h2 = forward_sizes(llm.engine.spec.proposer.model)
+    try:
+        answer(session, "and now?")
+    finally:
+        h1.remove()
+        h2.remove()
+    # Without reuse the prefill would be the whole conversation (len(second_prompt) - 1 tokens).
+    assert 0 < target_sizes[0] <= new_tokens < len(second_prompt) - 1
+    # The draft's first call feeds its pending tokens: the new ones, plus at most the one it lags by.
+    assert 0 < draft_sizes[0] <= new_tokens + 1
+
+
+def test_interrupted_answer_stays_in_the_history(session):
+    _, chunks = session.ask("count to ten")
+    got = [next(chunks), next(chunks)]
+    chunks.close()  # what Ctrl-C does
+    out = session.last
+    assert out.token_ids == [t for c in got for t in c.token_ids]
+    assert session.turns[-1] == {"role": "assistant", "content": out.text}
+    assert session.totals.output_len == len(out.token_ids)
+    _, more = answer(session, "go on")
+    assert more and session.turns[-2]["content"] == "go on"
+
+
+def test_context_overflow_drops_oldest_turns_and_keeps_system(pair):
+    target, _ = pair
+    small = LLM(target, max_model_len=96)
+    session = Session(small, SamplingParams(max_new_tokens=16), system="sys")
+    dropped_total = 0
+    for i in range(6):
+        dropped, _ = answer(session, f"message number {i} " * 3)
+        dropped_total += dropped
+        assert len(small.encode(session.messages[:-1])) < small.max_len
+    assert dropped_total > 0
+    assert session.messages[0] == {"role": "system", "content": "sys"}
+    assert session.turns[-2]["content"].startswith("message number 5")
+    before = list(session.turns)
+    with pytest.raises(SpecliteError, match="does not fit the context of 96 tokens"):
+        session.ask("word " * 200)
+    assert session.turns == before
+
+
+def test_slash_commands(session, llm, tmp_path):
+    assert session.command("/k 3").text == "k set to 3" and llm.engine.spec.length.label == "3"
+    assert session.command("/k auto").text.startswith("k set to auto(")
+    for bad in ("/k", "/k x", "/k 99", "/sp maybe", "/nope", "/save", f"/save {tmp_path}/missing/dir/c.json"):
+        reply = session.command(bad)
+        assert reply.error and reply.text and "\n" not in reply.text, bad
+    assert session.command("/stats").text == "no answers yet"
+    answer(session, "hi")
+    assert session.command("/stats").stats.output_len == session.last.stats.output_len
+    assert session.command("/sp off").text.startswith("speculation off") and llm.engine.spec is None
+    assert session.command("/k 2").error  # k means nothing while speculation is off
+    assert session.command("/sp on").text == "speculation on" and llm.engine.spec is not None
+    assert session.command("/system talk like a pirate").text == "system prompt set"
+    assert session.command(f"/save {tmp_path}/c.json").text.startswith("saved 3 messages")
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert saved["messages"][0] == {"role": "system", "content": "talk like a pirate"}
+    assert saved["messages"][1] == {"role": "user", "content": "hi"}
+    assert session.command("/reset").text.startswith("new conversation") and session.turns == []
+    assert "/k N|auto" in session.command("/help").text
+    assert session.command("/exit").exit
+
+
+def test_k_needs_a_speculation_method(pair):
+    session = Session(LLM(pair[0]), SamplingParams(max_new_tokens=4))
+    reply = session.command("/k 3")
+    assert reply.error and "--sp-type" in reply.text
+
+
+def test_panel_fits_80_columns_and_shows_the_figures(session, llm):
+    stats = RequestStats(done_s=0.5)
+    for accepted in (4, 2, 0, 3):
+        stats.record(4, accepted, accepted + 1)
+    stats.record(12, 12, 13)  # more positions than the panel draws as bars
+    stats.draft_s, stats.verify_s = 0.2, 0.1
+    console = Console(width=80, record=True)
+    console.print(stats_panel(stats, Setup.of(llm)))
+    lines = console.export_text().splitlines()
+    text = "\n".join(lines)
+    assert all(len(line) <= 80 for line in lines)
+    for figure in ("vanilla k=4", "accept rate  75.0%", "tokens/iter         5.20", "200/100 ms", " 1 ", "positions 9-12"):
+        assert figure in text, figure
+    assert "accept rate 75.0%" in stats_line(stats, Setup.of(llm))
