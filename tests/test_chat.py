@@ -97,7 +97,8 @@ def test_slash_commands(session, llm, tmp_path):
         assert reply.error and reply.text and "\n" not in reply.text, bad
     assert session.command("/stats").text == "no answers yet"
     answer(session, "hi")
-    assert session.command("/stats").stats.output_len == session.last.stats.output_len
+    reply = session.command("/stats")
+    assert reply.text == "session totals: 1 answer" and reply.stats.output_len == session.last.stats.output_len
     assert session.command("/sp off").text.startswith("speculation off") and llm.engine.spec is None
     assert session.command("/k 2").error  # k means nothing while speculation is off
     assert session.command("/sp on").text == "speculation on" and llm.engine.spec is not None

@@ -21,7 +21,7 @@ def spawn(*args: str) -> pexpect.spawn:
     child = pexpect.spawn(sys.executable, ["-m", "speclite.cli", "chat", *args], env=ENV, encoding="utf-8",
                           timeout=TIMEOUT, dimensions=(24, 80))
     child.expect("loaded: ")
-    child.expect("memory: weights .* MiB")
+    child.expect("memory: weights .* KV cache")
     child.expect("> ")
     return child
 
@@ -59,7 +59,7 @@ def test_chat_in_a_terminal(pair):
     child.sendline("/reset")
     child.expect("new conversation")
     child.sendline("/stats")
-    child.expect("session totals over 0 turns")
+    child.expect("session totals: 2 answers")
     child.sendline("/exit")
     assert finish(child) == 0
 
@@ -76,7 +76,9 @@ def test_ctrl_c_stops_an_answer_and_the_next_prompt_works(long_pair):
         child.expect("accepted by draft position")
         child.expect("> ")
     child.sendline("/stats")
-    child.expect("session totals over 2 turns")
+    child.expect("session totals: 2 answers")
+    child.sendintr()  # at the prompt Ctrl-C only says how to quit
+    child.expect(r"\(Ctrl-D or /exit to quit\)")
     child.sendeof()
     assert finish(child) == 0
 

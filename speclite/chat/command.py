@@ -124,4 +124,6 @@ def _module_bytes(module) -> int:
 
 
 def _mb(n: int) -> str:
+    if n < 2**20:
+        return f"{n / 2**10:.0f} KiB"
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"

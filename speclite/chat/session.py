@@ -44,6 +44,7 @@ class Session:
         self.turns: list[dict] = []  # user and assistant messages, alternating
         self.totals = RequestStats(done_s=0.0)
         self.last: RequestOutput | None = None
+        self.answers = 0  # over the whole session, /reset included
 
     @property
     def messages(self) -> list[dict]:
@@ -92,6 +93,7 @@ class Session:
                 out = self.last = result[0]
                 self.turns = turns + [{"role": "assistant", "content": out.text}]
                 self.totals.merge(out.stats)
+                self.answers += 1
 
     # -- slash commands ------------------------------------------------------------------------
 
@@ -114,9 +116,9 @@ class Session:
         return Reply(HELP)
 
     def _stats(self, arg: str) -> Reply:
-        if not self.totals.iter_count:
+        if not self.answers:
             return Reply("no answers yet")
-        return Reply(f"session totals over {len(self.turns) // 2} turns in this conversation", stats=self.totals)
+        return Reply(f"session totals: {self.answers} answer{'s' if self.answers > 1 else ''}", stats=self.totals)
 
     def _reset(self, arg: str) -> Reply:
         self.turns = []
