@@ -20,6 +20,7 @@ def save_plot(rows: list[dict], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_k, ax_pos) = plt.subplots(1, 2, figsize=(12, 4.5))
     numeric_ks = sorted({r["k"] for r in rows if isinstance(r["k"], int) and r["method"] not in ("plain", "naive")})
@@ -45,6 +46,7 @@ def save_plot(rows: list[dict], path: Path, title: str) -> None:
         acc = r["accepted_per_position"]
         if acc:
             ax_pos.plot(range(1, len(acc) + 1), acc, marker=".", label=r["label"])
+    ax_pos.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_pos.set_ylim(0, 1.05)
     ax_pos.set_xlabel("draft position")
     ax_pos.set_ylabel("accepted fraction")
