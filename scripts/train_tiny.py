@@ -250,7 +250,7 @@ its tests see acceptance rates of real trained models. Toys, not useful assistan
   Wall time {wall / 60:.0f} min.
 
 Limits: {args.steps * args.batch_size * args.seq_len // 1000}k training tokens on a shared 2-core CPU, so both models are far from
-converged (greedy text has Python's texture, not valid code), and they were trained on
+converged (greedy text loops on Python fragments such as `self.`, not code), and they were trained on
 {args.seq_len}-token windows though the config allows {args.max_positions}. More `--steps` gives better models.
 
 Held-out ({stats['tokens']} tokens, teacher forcing):
