@@ -77,6 +77,7 @@ def test_ctrl_c_stops_an_answer_and_the_next_prompt_works(long_pair):
         child.expect("> ")
     child.sendline("/stats")
     child.expect("session totals: 2 answers")
+    child.expect("> ")
     child.sendintr()  # at the prompt Ctrl-C only says how to quit
     child.expect(r"\(Ctrl-D or /exit to quit\)")
     child.sendeof()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -35,8 +36,6 @@ def chat(ctx, system, max_new_tokens, temperature, top_p, top_k, seed, **flags):
 
 def run(session, view, interactive: bool) -> None:
     """Read lines until /exit or end of input; each is a slash command or a message to answer."""
-    from speclite.chat.view import Setup
-
     if interactive:
         try:
             import readline  # noqa: F401  (line editing and history for input())
@@ -45,30 +44,33 @@ def run(session, view, interactive: bool) -> None:
     while True:
         try:
             line = input("> " if interactive else "").strip()
+            if not interactive and line:
+                view.reply(f"> {line}")  # piped prompts: keep the transcript readable
+            if line.startswith("/"):
+                if not command(session, view, line):
+                    return
+            elif line:
+                answer(session, view, line)
         except EOFError:
+            if interactive:
+                view.reply("")  # Ctrl-D leaves the cursor after the prompt
             return
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # at the prompt, or while a command's output was printing
             view.info("\n(Ctrl-D or /exit to quit)")
-            continue
-        if not interactive and line:
-            view.reply(f"> {line}")  # piped prompts: keep the transcript readable
-        if not line:
-            continue
-        if line.startswith("/"):
-            reply = session.command(line)
-            if reply.exit:
-                return
-            if reply.error:
-                view.error(reply.text)
-            elif reply.stats is not None:
-                view.totals(reply.stats, Setup.of(session.llm), reply.text)
-            else:
-                view.reply(reply.text)
-            continue
-        try:
-            answer(session, view, line)
-        except KeyboardInterrupt:  # a second Ctrl-C while the answer was being wrapped up
-            view.info("\n(interrupted)")
+
+
+def command(session, view, line: str) -> bool:
+    """Run a slash command and show its reply; False when it ends the chat."""
+    from speclite.chat.view import Setup
+
+    reply = session.command(line)
+    if reply.error:
+        view.error(reply.text)
+    elif reply.stats is not None:
+        view.totals(reply.stats, Setup.of(session.llm), reply.text)
+    elif reply.text:
+        view.reply(reply.text)
+    return not reply.exit
 
 
 def answer(session, view, line: str) -> None:
@@ -83,18 +85,35 @@ def answer(session, view, line: str) -> None:
     if dropped:
         view.info(f"context of {session.llm.max_len} tokens is full: dropped the oldest {dropped} turn(s)")
     before = session.last
-    interrupted = False
+    ctrl_c = CtrlC()
+    previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
         view.start(Setup.of(session.llm))
         for chunk in chunks:
             view.update(chunk)
+            if ctrl_c.pressed:
+                break
     except KeyboardInterrupt:
-        interrupted = True
+        pass  # a second Ctrl-C: stop at once
     except SpecliteError as e:
         view.error(str(e))
     finally:
+        signal.signal(signal.SIGINT, previous)
         chunks.close()  # runs the Session's and the Engine's bookkeeping for a partial answer
-        view.end(session.last if session.last is not before else None, interrupted)
+        view.end(session.last if session.last is not before else None, ctrl_c.pressed)
+
+
+class CtrlC:
+    """SIGINT while an answer streams: the first stops it after the current iteration, so the caches
+    and the live display are never left half-updated; a second one interrupts at once."""
+
+    def __init__(self):
+        self.pressed = False
+
+    def __call__(self, signum, frame):
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
 
 
 def memory_line(llm) -> str:
