@@ -105,3 +105,22 @@ def test_prompt_longer_than_context_is_clear(model_dirs):
     llm = LLM(model_dirs["qwen2"], max_model_len=16)
     with pytest.raises(SpecliteError, match="does not fit the context"):
         llm.generate("the quick brown fox " * 20, SamplingParams(max_new_tokens=4))
+
+
+def test_streamed_text_equals_final_text(model_dirs, tokenizer):
+    from speclite.engine.detokenize import IncrementalDetokenizer
+
+    llm = LLM(model_dirs["qwen3"])
+    result = []
+    chunks = list(llm.stream("def add(a, b):", SamplingParams(max_new_tokens=40, ignore_eos=True), result=result))
+    out = result[0]
+    streamed = "".join(c.text for c in chunks)
+    assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    # Random tokens may end inside a UTF-8 sequence: streaming holds back only that incomplete tail.
+    assert out.text.startswith(streamed) and set(out.text[len(streamed):]) <= {"\ufffd"}
+    assert len(streamed) > 20
+    # Multi-byte characters split across byte-level tokens are held back until complete.
+    ids = tokenizer.encode("naïve café ☕ done")
+    detok = IncrementalDetokenizer(tokenizer)
+    seen = [detok.add([t]) for t in ids]
+    assert all("\ufffd" not in s for s in seen) and seen[-1] == detok.final() == "naïve café ☕ done"

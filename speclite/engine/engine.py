@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speclite.engine.detokenize import IncrementalDetokenizer
 from speclite.engine.loop import Finish, Request, Speculation, decode
 from speclite.engine.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
@@ -87,28 +88,26 @@ class Engine:
         cache.rollback(min(common, cache.length))
         request = Request(prompt_ids, params, self.eos_ids, extra or {})
         stats, finish = RequestStats(), Finish()
-        out_ids: list[int] = []
-        text, emitted_chars, stop_at = "", 0, None
+        detok = IncrementalDetokenizer(self.tokenizer)
+        emitted, stop_at = 0, None
         try:
             with torch.inference_mode():
                 for new in decode(self.target, cache, request, stats, finish, self.spec):
-                    out_ids.extend(new)
-                    text = self.tokenizer.decode(out_ids, skip_special_tokens=True)
-                    stop_at = _find_stop(text, params.stop, emitted_chars)
+                    text = detok.add(new)
+                    stop_at = _find_stop(text, params.stop, emitted)
                     if stop_at is not None:
                         finish.reason = "stop"
                         text = text[:stop_at]
-                    # Hold back a trailing partial UTF-8 sequence until its last byte arrives.
-                    ready = len(text) if stop_at is not None else len(text.rstrip("\ufffd"))
-                    delta = text[emitted_chars:ready]
-                    emitted_chars = max(emitted_chars, ready)
-                    yield Chunk(new, delta, stats)
+                    yield Chunk(new, text[emitted:], stats)
+                    emitted = len(text)
                     if stop_at is not None:
                         break
         finally:
             stats.finish()
+            out_ids = detok.ids
             self._cached_ids = (prompt_ids + out_ids)[: cache.length]
             if result is not None:
+                text = detok.text[:stop_at] if stop_at is not None else detok.final()
                 result.append(RequestOutput(text, out_ids, finish.reason, stats, len(prompt_ids)))
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, extra: dict | None = None) -> RequestOutput:
