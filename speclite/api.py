@@ -20,7 +20,7 @@ from speclite.model.loader import resolve_device, resolve_dtype
 from speclite.model.static import StaticDecoder
 from speclite.spec import build_proposer, needs_draft_model, normalize_method
 from speclite.spec.draft_model import DraftModelProposer
-from speclite.spec.schedule import AdaptiveSpecLength, SpecLength
+from speclite.spec.schedule import spec_length
 from speclite.spec.verify import get_verifier
 
 ACCEPT_POLICIES = ("normal", "accept_all", "reject_all")
@@ -114,6 +114,14 @@ def _load(model_dir: Path, device, dtype, quant: str | None) -> Transformer:
     return model
 
 
+def load_draft(draft: str, target_tokenizer, target_name: str, device, dtype, quant: str | None = None,
+               models_file=None) -> Transformer:
+    """A draft model, checked to share the target's tokenizer, quantized at load if asked."""
+    draft_dir = hub.resolve(draft, models_file)
+    check_same_tokenizer(target_tokenizer, load_tokenizer(draft_dir), target_name, str(draft))
+    return _load(draft_dir, device, dtype, quant)
+
+
 class LLM:
     """A target model, optionally with a speculative proposer, ready to generate.
 
@@ -155,7 +163,7 @@ class LLM:
             self.engine.target = StaticDecoder(self.target, self.engine.cache)
             proposer = self._speculation.proposer if self._speculation else None
             if isinstance(proposer, DraftModelProposer):
-                proposer.model = StaticDecoder(proposer.model, proposer.cache)
+                proposer.use_static()
 
     def _build_speculation(self, models_file) -> Speculation | None:
         cfg = self.spec_config
@@ -168,14 +176,12 @@ class LLM:
                 raise SpecliteError(
                     f"--sp-type {cfg.method} needs --draft: models.toml recommends no draft for '{self.model_name}'"
                 )
-            draft_dir = hub.resolve(draft, models_file)
-            check_same_tokenizer(self.tokenizer, load_tokenizer(draft_dir), self.model_name, str(draft))
-            draft_model = _load(draft_dir, self.device, self.dtype, cfg.draft_quant)
+            draft_model = load_draft(draft, self.tokenizer, self.model_name, self.device, self.dtype,
+                                     cfg.draft_quant, models_file)
             self.draft_name = str(draft)
         proposer = build_proposer(cfg, draft_model, self.max_len, self.target.args.vocab_size)
-        length = AdaptiveSpecLength() if cfg.k == "auto" else SpecLength(0 if cfg.method == "naive" else cfg.k)
         # The verifier depends on the request's temperature: it is picked per request.
-        return Speculation(proposer, None, length, cfg.accept_policy)
+        return Speculation(proposer, None, spec_length(cfg.k, cfg.method), cfg.accept_policy)
 
     # -- prompts -----------------------------------------------------------------------------
 
@@ -188,7 +194,7 @@ class LLM:
         text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _extra(self, extra_config: dict | None) -> dict:
+    def extra_config(self, extra_config: dict | None) -> dict:
         """extra_config with sp_advice_prompt tokenized (advice may also come as sp_advice_ids)."""
         extra = dict(extra_config or {})
         advice = extra.pop("sp_advice_prompt", None)
@@ -212,7 +218,7 @@ class LLM:
         """Chunks of one prompt's answer as they are verified; the RequestOutput lands in `result`."""
         params = params or SamplingParams()
         self._prepare(params)
-        return self.engine.stream(self.encode(prompt), params, self._extra(extra_config), result)
+        return self.engine.stream(self.encode(prompt), params, self.extra_config(extra_config), result)
 
     def generate(
         self,
@@ -225,7 +231,7 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], dict)):
             prompts = [prompts]
         self._prepare(params)
-        return [self.engine.generate(self.encode(p), params, self._extra(extra_config)) for p in prompts]
+        return [self.engine.generate(self.encode(p), params, self.extra_config(extra_config)) for p in prompts]
 
     # -- runtime controls (chat's /k and /sp) --------------------------------------------------
 
@@ -234,7 +240,7 @@ class LLM:
         if self.engine.spec is None:
             raise SpecliteError("speculation is off: start with --sp-type to set k")
         k = replace(self.spec_config, k=k).validated().k
-        self.engine.spec.length = AdaptiveSpecLength() if k == "auto" else SpecLength(k)
+        self.engine.spec.length = spec_length(k, self.spec_config.method)
 
     @property
     def speculation_available(self) -> bool:

@@ -13,19 +13,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclite import hub
-from speclite.api import LLM, check_same_tokenizer, load_tokenizer
+from speclite.api import LLM, load_draft
 from speclite.bench.memory import MemoryMeter, model_bytes
 from speclite.bench.prompts import BenchPrompt
 from speclite.bench.sweep import BenchConfig
 from speclite.engine.loop import Speculation
 from speclite.engine.sampling import SamplingParams
 from speclite.errors import SpecliteError
-from speclite.model import load_model
-from speclite.model.static import StaticDecoder
 from speclite.spec import build_proposer
 from speclite.spec.draft_model import DraftModelProposer
-from speclite.spec.schedule import AdaptiveSpecLength, SpecLength
+from speclite.spec.schedule import spec_length
 from speclite.spec.verify import get_verifier
 
 
@@ -73,13 +70,8 @@ class BenchModels:
         first = next(iter(llms.values()))
         draft_model = None
         if draft is not None:
-            draft_dir = hub.resolve(draft, models_file)
-            check_same_tokenizer(first.tokenizer, load_tokenizer(draft_dir), str(model), str(draft))
-            draft_model = load_model(draft_dir, device=first.device, dtype=first.dtype)
-            if draft_quant:
-                from speclite.quant import quantize_model
-
-                draft_model = quantize_model(draft_model, draft_quant)
+            draft_model = load_draft(draft, first.tokenizer, str(model), first.device, first.dtype, draft_quant,
+                                     models_file)
         return cls(llms, draft_model, draft, static)
 
 
@@ -111,11 +103,7 @@ class Runner:
             ids = llm.encode(text)
         else:
             ids = llm.encode(p.prompt)
-        extra = dict(p.extra)
-        advice = extra.pop("sp_advice_prompt", None)
-        if advice:
-            extra["sp_advice_ids"] = llm.tokenizer.encode(advice, add_special_tokens=False)
-        return ids, extra
+        return ids, llm.extra_config(p.extra)
 
     def _proposer(self, config: BenchConfig):
         llm = next(iter(self.models.llms.values()))
@@ -123,7 +111,7 @@ class Runner:
         draft = self.models.draft if cfg.method == "vanilla" else None
         proposer = build_proposer(cfg, draft, llm.max_len, llm.target.args.vocab_size)
         if self.models.static and isinstance(proposer, DraftModelProposer):
-            proposer.model = StaticDecoder(proposer.model, proposer.cache)
+            proposer.use_static()
         return proposer
 
     def _speculation(self, config: BenchConfig, params: SamplingParams) -> Speculation | None:
@@ -133,8 +121,8 @@ class Runner:
         if isinstance(proposer, DraftModelProposer):
             proposer.tokens = []  # start cold like the target: no draft prefix kept from the last run
         cfg = config.spec_config(self.models.draft_name, self.min_match, self.max_match)
-        length = AdaptiveSpecLength() if cfg.k == "auto" else SpecLength(0 if cfg.method == "naive" else cfg.k)
-        return Speculation(proposer, get_verifier(cfg.verify, params), length, cfg.accept_policy)
+        return Speculation(proposer, get_verifier(cfg.verify, params), spec_length(cfg.k, cfg.method),
+                           cfg.accept_policy)
 
     def _resident_bytes(self, config: BenchConfig) -> int:
         """Weights plus preallocated KV caches of the models this configuration uses."""

@@ -19,6 +19,12 @@ class DraftModelProposer(Proposer):
         self.tokens: list[int] = []  # the sequence; its first cache.length tokens are in the cache
         self.drafts: list[int] = []
 
+    def use_static(self) -> None:
+        """Run the draft's fixed-shape steps as CUDA graphs (see speclite.model.static)."""
+        from speclite.model.static import StaticDecoder
+
+        self.model = StaticDecoder(self.model, self.cache)
+
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
         common = 0

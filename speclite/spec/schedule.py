@@ -77,3 +77,10 @@ class AdaptiveSpecLength(SpecLength):
     @property
     def label(self) -> str:
         return f"auto({self.k})"
+
+
+def spec_length(k: int | str, method: str) -> SpecLength:
+    """The schedule a config asks for: adaptive for "auto"; `naive` always proposes nothing."""
+    if k == "auto":
+        return AdaptiveSpecLength()
+    return SpecLength(0 if method == "naive" else k)
