@@ -134,7 +134,8 @@ def test_cli_generate_sp_type_equals_plain(pair, tmp_path, sp_type):
     inp.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
     results = {}
     for name, flags in [("plain", []), ("spec", ["--sp-type", sp_type, "--gen-num-per-cycle", "3"]
-                                             + (["--draft", str(pair[1])] if sp_type == "vanilla" else []))]:
+                                             + (["--draft", str(pair[1]), "--sp-quantization", "INT4"]
+                                                if sp_type == "vanilla" else []))]:
         out = tmp_path / f"{name}.jsonl"
         r = subprocess.run([sys.executable, "-m", "speclite.cli", "generate", "--model", str(pair[0]), "-i", str(inp),
                             "-o", str(out), "--max-new-tokens", "24", *flags], capture_output=True, text=True)
