@@ -152,6 +152,8 @@ class LLM:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.target = _load(self.model_dir, self.device, self.dtype, quant)
         context = self.target.args.max_position_embeddings
+        if max_model_len is not None and max_model_len < 2:
+            raise SpecliteError(f"--max-model-len must be at least 2 tokens, got {max_model_len}")
         self.max_len = min(context, max_model_len or DEFAULT_CONTEXT)
         if max_model_len and max_model_len > context:
             raise SpecliteError(f"--max-model-len {max_model_len} exceeds the model's context of {context}")

@@ -102,6 +102,8 @@ def test_truncated_last_line_is_rerun(tmp_path, target):
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--sp-type", "vanilla"], "needs --draft"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--gen-num-per-cycle", "x"], "a number or 'auto'"),
     (["generate", "--model", "{tmp}", "-i", "{inp}", "-o", "{out}"], "not a model directory"),
+    (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--max-model-len", "0"], "at least 2 tokens"),
+    (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--quant", "q3"], "unknown quantization scheme"),
     (["generate", "--model", "Qwen2.5-0.5B", "-i", "{inp}", "-o", "{out}"], "not cached and the hub cannot be reached"),
     (["pull", "Qwen/Qwen2.5-0.5B-Instruct"], "connect to the network"),
 ])
