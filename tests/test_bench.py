@@ -179,3 +179,19 @@ def test_sweep_has_one_plain_baseline_per_quant():
     assert labels[:6] == ["plain", "naive (accept_all)", "vanilla k=2 (accept_all)", "vanilla k=auto (accept_all)",
                           "deterministic k=2 (accept_all)", "deterministic k=auto (accept_all)"]
     assert labels[6] == "plain [int4]" and len(labels) == 12
+
+
+def test_quant_labels_survive_rich_markup():
+    """A label like 'vanilla k=4 [int4]' must print its [int4], not be eaten as a Rich style tag."""
+    import io
+
+    from rich.console import Console
+
+    from speclite.bench.report import results_table
+
+    row = {"label": "vanilla k=4 [int4]", "tokens_per_s": 1.0, "speedup": 1.0, "avg_tokens_per_iter": 1.0,
+           "accept_rate": 0.0, "proposed": 0, "accepted_per_position": [], "draft_share": 0.0,
+           "verify_share": 0.0, "peak_memory_bytes": 0, "same_as_plain": 1, "runs": 1}
+    console = Console(file=io.StringIO(), width=200)
+    console.print(results_table([row], "title", "weights+KV"))
+    assert "vanilla k=4 [int4]" in console.file.getvalue()

@@ -10,8 +10,9 @@ from speclite.hub import PACKAGE_DIR
 
 HELDOUT = PACKAGE_DIR / "assets" / "heldout_prompts.jsonl"
 GREEDY = SamplingParams(max_new_tokens=32)
-# Measured on the shipped pair at k=4 over these prompts (model card); asserted well below that.
-MIN_TOKENS_PER_ITER = {"dense": 2.0, "int4": 1.8}
+# Measured on the shipped pair at k=4 over these 10 prompts x 32 tokens: dense 2.00 and int4 target +
+# int4 draft 2.04 tokens per iteration (model card); asserted clearly above 1, with margin.
+MIN_TOKENS_PER_ITER = {"dense": 1.5, "int4": 1.5}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,11 @@ def test_int4_pair_still_accepts(prompts):
     llm = LLM("tiny-code", {"method": "vanilla", "num_speculative_tokens": 4, "quantization": "int4"}, quant="int4")
     total, _ = run(llm, prompts)
     assert total.avg_tokens_per_iter > MIN_TOKENS_PER_ITER["int4"], total.aux_info()
-    # A quantized draft of a quantized target: still exactly the (quantized) target's greedy output.
-    plain_int4 = LLM("tiny-code", quant="int4")
-    assert run(plain_int4, prompts[:3])[1] == run(llm, prompts[:3])[1]
+    # No token-identity check here: the int4 CPU op rounds its bf16 activations differently for one
+    # row (plain decode) than for k+1 rows (verify), so a near-tie may resolve either way (README,
+    # "Exactness"). Identity is asserted in float32 and for quantized drafts of a float32 target.
+
+
+def test_int4_draft_is_exact(prompts, plain):
+    llm = LLM("tiny-code", {"method": "vanilla", "num_speculative_tokens": 4, "quantization": "int4"})
+    assert run(llm, prompts)[1] == plain

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from rich.markup import escape
 from rich.table import Table
 
 from speclite.bench.runner import RunRecord
@@ -114,7 +115,7 @@ def results_table(rows: list[dict], title: str, memory_kind: str) -> Table:
                          no_wrap=col == "configuration")
     for r in rows:
         table.add_row(
-            r["label"], f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['avg_tokens_per_iter']:.2f}",
+            escape(r["label"]), f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['avg_tokens_per_iter']:.2f}",
             f"{r['accept_rate']:.0%}" if r["proposed"] else "-", _pct(r["accepted_per_position"]),
             f"{r['draft_share']:.0%} / {r['verify_share']:.0%}", f"{r['peak_memory_bytes'] / 2**20:.1f}",
             f"{r['same_as_plain']}/{r['runs']}",
@@ -132,7 +133,7 @@ def workload_table(rows: list[dict]) -> Table:
         if r["method"] == "plain":
             continue
         cells = [r["by_workload"].get(w) for w in workloads]
-        table.add_row(r["label"], *(f"{c['speedup']:.2f}x ({c['avg_tokens_per_iter']:.1f})" if c else "-" for c in cells))
+        table.add_row(escape(r["label"]), *(f"{c['speedup']:.2f}x ({c['avg_tokens_per_iter']:.1f})" if c else "-" for c in cells))
     return table
 
 
