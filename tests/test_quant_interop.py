@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import speclite.quant.quantize as quantize_mod
 from speclite.errors import SpecliteError
 from speclite.model import load_model
+from speclite.model.decoder import Linear
 from speclite.quant import quantize_to_dir
 
 GROUP = 32
@@ -114,7 +115,7 @@ def test_ignored_modules_stay_dense_and_bad_configs_fail(v1, tmp_path):
                "modules_to_not_convert": [dense_mlp]}
     mixed = _rewrite(v1, tmp_path / "mixed", qconfig, convert)
     model = load_model(mixed)
-    assert type(model.get_submodule(dense_mlp)) is torch.nn.Linear
+    assert type(model.get_submodule(dense_mlp)) is Linear  # our dense linear, not a QuantLinear
     assert type(model.get_submodule("model.layers.1.mlp.up_proj")).__name__ == "Int4Linear"
     tokens = torch.randint(0, 300, (16,))
     # Equal weights; only that layer's matmul differs (fp32 dense vs the bf16 int4pack op).

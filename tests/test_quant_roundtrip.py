@@ -12,6 +12,7 @@ import speclite.quant.quantize as quantize_mod
 import speclite.quant.writer as writer
 from speclite.errors import SpecliteError
 from speclite.model import load_model
+from speclite.model.decoder import Linear
 from speclite.quant import quantize_model, quantize_to_dir
 from speclite.quant.fp8 import quantize_fp8_blocks
 from speclite.quant.int4 import quantize_rtn
@@ -47,7 +48,7 @@ def test_round_trip_logits_stay_close(tiny, tmp_path, scheme, group_size, path):
     quantized = logits(model, tokens)
     assert rel_err(quantized, original) < BOUNDS[scheme]
     assert {m.path for m in model.modules() if hasattr(m, "path")} == {path}
-    assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is model.model.embed_tokens.weight
+    assert type(model.lm_head) is Linear and model.lm_head.weight is model.model.embed_tokens.weight
     assert report.ppl_after == pytest.approx(report.ppl_before, rel=0.1)
     assert (out / "tokenizer.json").exists() and (out / "generation_config.json").exists()
 
