@@ -12,19 +12,13 @@ Quantized tensors are buffers, not parameters: the loader fills only parameters 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from speclite import kernels
 from speclite.quant.fp8 import dequantize_fp8_blocks
 from speclite.quant.int4 import Int4Weight, pack_nibbles
 
 INT4PACK_GROUPS = (32, 64, 128, 256)
-
-
-def _kernels():
-    import speclite.kernels as kernels  # imported only where the kernel path is taken
-
-    return kernels
 
 
 class QuantLinear(nn.Module):
@@ -68,8 +62,8 @@ class Fp8Linear(QuantLinear):
 
     def _matmul(self, x):
         if self.use_kernels:
-            return _kernels().fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block)
-        return F.linear(x, self.weight)
+            return kernels.fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block)
+        return kernels.linear(x, self.weight)
 
 
 class Int8Linear(QuantLinear):
@@ -100,9 +94,9 @@ class Int8Linear(QuantLinear):
 
     def _matmul(self, x):
         if self.use_kernels:
-            return _kernels().int8_gemm(x, self.weight, self.weight_scale)
+            return kernels.int8_gemm(x, self.weight, self.weight_scale)
         if self.path == "dequantized":
-            return F.linear(x, self.weight)
+            return kernels.linear(x, self.weight)
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.weight_scale)
         return y.to(x.dtype)
 
@@ -139,9 +133,9 @@ class Int4Linear(QuantLinear):
 
     def _matmul(self, x):
         if self.use_kernels:
-            return _kernels().w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
+            return kernels.w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
         if self.path == "dequantized":
-            return F.linear(x, self.weight)
+            return kernels.linear(x, self.weight)
         xb = x.to(torch.bfloat16)
         if self.perm is not None:
             xb = xb[:, self.perm]
