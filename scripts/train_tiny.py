@@ -317,7 +317,7 @@ def parse_args():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--heldout-percent", type=int, default=5)
-    p.add_argument("--steps", type=int, default=720)
+    p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--distill-weight", type=float, default=0.7,
