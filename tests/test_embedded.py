@@ -10,9 +10,9 @@ from speclite.hub import PACKAGE_DIR
 
 HELDOUT = PACKAGE_DIR / "assets" / "heldout_prompts.jsonl"
 GREEDY = SamplingParams(max_new_tokens=32)
-# Measured on the shipped pair at k=4 over these 10 prompts x 32 tokens: dense 2.00 and int4 target +
-# int4 draft 2.04 tokens per iteration (model card); asserted clearly above 1, with margin.
-MIN_TOKENS_PER_ITER = {"dense": 1.5, "int4": 1.5}
+# Measured on the shipped pair at k=4 over these 10 prompts x 32 tokens: dense 3.05 and int4 target +
+# int4 draft 2.71 tokens per iteration (model card); asserted clearly above 1, with margin.
+MIN_TOKENS_PER_ITER = {"dense": 2.0, "int4": 2.0}
 
 
 @pytest.fixture(scope="module")
