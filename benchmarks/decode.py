@@ -18,17 +18,13 @@ import time
 import torch
 
 from speclite import hub
+from speclite.bench.runner import sync
 from speclite.engine.loop import Finish, Request, decode
 from speclite.engine.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
 from speclite.model import load_model
 from speclite.model.loader import resolve_device, resolve_dtype
 from speclite.synthetic import build_synthetic
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def time_speclite(model, prompt, n, device, static) -> float:

@@ -143,3 +143,13 @@ def test_cli_generate_sp_type_equals_plain(pair, tmp_path, sp_type):
         results[name] = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["token_ids"] for r in results["spec"]] == [r["token_ids"] for r in results["plain"]]
     assert "avg tokens / iteration" in r.stderr
+
+
+def test_engine_reset_forgets_the_draft_prefix_too(pair, plain_outputs):
+    llm = spec_llm(pair, "vanilla", 3)
+    llm.generate(PROMPTS[0], GREEDY)
+    proposer = llm.engine.spec.proposer
+    assert proposer.cache.length > 0 and proposer.tokens
+    llm.engine.reset()
+    assert llm.engine.cache.length == 0 and proposer.cache.length == 0 and proposer.tokens == []
+    assert llm.generate(PROMPTS[0], GREEDY)[0].token_ids == plain_outputs[PROMPTS[0]]

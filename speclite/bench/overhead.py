@@ -98,5 +98,5 @@ def measure(runner: Runner, ks: list[int], n: int, repeats: int) -> list[Overhea
             iteration = _iteration_time(runner, config, iters * (k + 1), k + 1, repeats)
             results.append(Overhead(config.label, k, iteration, target_s, two + (k - 1) * one))
     llm.engine.reset()
-    proposer.tokens = []
+    proposer.reset()  # time_forward wrote into both caches directly
     return results

@@ -118,8 +118,6 @@ class Runner:
         if config.method == "plain":
             return None
         proposer = self.proposers[config.method]
-        if isinstance(proposer, DraftModelProposer):
-            proposer.tokens = []  # start cold like the target: no draft prefix kept from the last run
         cfg = config.spec_config(self.models.draft_name, self.min_match, self.max_match)
         return Speculation(proposer, get_verifier(cfg.verify, params), spec_length(cfg.k, cfg.method),
                            cfg.accept_policy)
@@ -137,8 +135,8 @@ class Runner:
         """(RequestOutput, seconds) of one prompt; the engine starts cold (no cached prefix)."""
         llm = self.models.llms[config.quant]
         ids, extra = self.inputs[config.quant][index]
-        llm.engine.reset()
         llm.engine.spec = self._speculation(config, params)
+        llm.engine.reset()  # target and draft start cold: no prefix kept from the last run
         sync(self.device)
         start = time.perf_counter()
         out = llm.engine.generate(ids, params, extra)

@@ -55,10 +55,12 @@ class Engine:
         return self._cache
 
     def reset(self) -> None:
-        """Forget the cached prefix (a new conversation)."""
+        """Forget the cached prefix (a new conversation), the proposer's included."""
         self._cached_ids = []
         if self._cache is not None:
             self._cache.rollback(0)
+        if self.spec is not None:
+            self.spec.proposer.reset()
 
     def stream(
         self,

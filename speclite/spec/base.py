@@ -44,3 +44,6 @@ class Proposer(ABC):
     @abstractmethod
     def observe(self, tokens: list[int]) -> None:
         """These tokens were appended to the sequence (accepted drafts + the target's token)."""
+
+    def reset(self) -> None:
+        """Forget whatever is kept between requests (the next begin() starts cold)."""

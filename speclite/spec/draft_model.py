@@ -25,6 +25,10 @@ class DraftModelProposer(Proposer):
 
         self.model = StaticDecoder(self.model, self.cache)
 
+    def reset(self) -> None:
+        self.tokens = []
+        self.cache.rollback(0)
+
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
         common = 0
