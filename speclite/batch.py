@@ -77,6 +77,19 @@ def parse_jobs(path: Path, defaults: SamplingParams) -> list[Job]:
     return jobs
 
 
+def request_body(rec: dict) -> tuple[str | list[dict], dict]:
+    """(prompt or chat messages, extra_config) of one JSONL request line; SpecliteError if malformed."""
+    prompt = rec.get("messages", rec.get("prompt"))
+    valid = (isinstance(prompt, str) and prompt) or (isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt))
+    if not valid:
+        raise SpecliteError("needs a non-empty 'prompt' string or 'messages' list of {role, content}")
+    extra = rec.get("extra_config") or {}
+    if not isinstance(extra, dict):
+        raise SpecliteError("extra_config must be an object")
+    return prompt, extra
+
+
 def _parse(number: int, line: str, defaults: SamplingParams) -> Job:
     def bad(message: str, rec: dict | None = None) -> Job:
         if rec is not None and "id" in rec:
@@ -91,24 +104,16 @@ def _parse(number: int, line: str, defaults: SamplingParams) -> Job:
         return bad(f"line {number} is not a JSON object")
     if "id" in rec and not isinstance(rec["id"], (str, int)):
         return bad(f"line {number}: id must be a string or an integer")
-    prompt = rec.get("messages", rec.get("prompt"))
-    if isinstance(prompt, str) and prompt:
-        pass
-    elif isinstance(prompt, list) and prompt and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
-    ):
-        pass
-    else:
-        return bad(f"line {number}: needs a non-empty 'prompt' string or 'messages' list of {{role, content}}", rec)
+    try:
+        prompt, extra = request_body(rec)
+    except SpecliteError as e:
+        return bad(f"line {number}: {e}", rec)
     overrides = {k: rec[k] for k in PER_LINE_PARAMS if rec.get(k) is not None}
     base = {f.name: getattr(defaults, f.name) for f in fields(SamplingParams)}
     try:
         params = SamplingParams(**{**base, **overrides})
     except (SpecliteError, TypeError) as e:
         return bad(f"line {number}: {e}", rec)
-    extra = rec.get("extra_config") or {}
-    if not isinstance(extra, dict):
-        return bad(f"line {number}: extra_config must be an object", rec)
     record_id = rec.get("id", number)
     return Job(json.dumps(record_id), {"id": record_id}, prompt, params, extra)
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speclite.batch import request_body
 from speclite.errors import SpecliteError
 
 
@@ -129,12 +130,12 @@ def read_jsonl(path: Path) -> list[BenchPrompt]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise SpecliteError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        body = rec.get("prompt", rec.get("messages")) if isinstance(rec, dict) else None
-        if not body or not isinstance(body, (str, list)):
-            raise SpecliteError(f"{path}:{n}: needs a non-empty \"prompt\" string or \"messages\" list")
-        extra = rec.get("extra_config", {})
-        if not isinstance(extra, dict):
-            raise SpecliteError(f"{path}:{n}: extra_config must be an object")
+        if not isinstance(rec, dict):
+            raise SpecliteError(f"{path}:{n}: not a JSON object")
+        try:
+            body, extra = request_body(rec)  # the same request schema as `speclite generate`
+        except SpecliteError as e:
+            raise SpecliteError(f"{path}:{n}: {e}") from None
         prompts.append(BenchPrompt(str(rec.get("id", f"line{n}")), str(rec.get("workload", "file")), body, extra))
     if not prompts:
         raise SpecliteError(f"--prompts file {path} has no prompts")
