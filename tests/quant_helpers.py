@@ -18,7 +18,8 @@ def tiny_tokenizer():
     trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=["<eos>"])
     tok.train_from_iterator([SHIPPED_CALIB.read_text()[:20000]], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    # A pad token inside the vocabulary: GPTQModel otherwise appends one past the embedding table.
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
 
 
 def save_tiny_model(path: Path, hidden=64, intermediate=160, heads=4, kv_heads=2, seed=0, tie=True,

@@ -16,12 +16,13 @@ from speclite.errors import SpecliteError
 from speclite.model.decoder import ModelArgs
 from speclite.model.loader import load_model, read_config, read_tensors, resolve_device
 from speclite.quant import calib as calibration
+from speclite.quant.bnb import nf4_linear
 from speclite.quant.fp8 import quantize_fp8_blocks
-from speclite.quant.int4 import Int4Weight, quantize_rtn, to_gptq
+from speclite.quant.int4 import quantize_rtn, to_gptq
 from speclite.quant.int8 import quantize_int8_channel
-from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear
-from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, check_method,
-                                    normalize_scheme, quantization_config)
+from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
+from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, LOAD_TIME_SCHEMES, NF4,
+                                    check_method, normalize_scheme, quantization_config)
 from speclite.quant.writer import checkpoint_bytes, prepare_out_dir, write_model
 
 # Held-out tokens scored for perplexity: enough for a stable number, cheap on a 2-core CPU.
@@ -58,58 +59,69 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     prepare_out_dir(model_dir, out_dir)
     tokenizer = _tokenizer(model_dir, required=method != "rtn")
     device = resolve_device(None)
-    source = read_tensors(model_dir)
 
-    # Calibration methods change weights (and norms) inside a loaded float32 model first.
-    updated: dict[str, torch.Tensor] = {}
-    gptq_weights: dict[str, Int4Weight] = {}
+    windows = []
     if method != "rtn":
         windows = calibration.token_windows(tokenizer, calib_text, seq_len, calib_samples)
         if not windows:
             raise SpecliteError("the calibration text is too short: it yields no token windows")
+    if method == "gptq":
+        from speclite.quant.gptq import gptqmodel_quantize
+
+        if progress:
+            progress("gptq: GPTQModel quantizes block by block (its per-layer log follows)")
+        version = gptqmodel_quantize(model_dir, out_dir, windows, group_size, sym, act_order, device)
+        if progress:
+            progress(f"gptq: written by GPTQModel {version}")
+        return _report(scheme, method, model_dir, out_dir, tokenizer, seq_len, device, started, progress)
+
+    source = read_tensors(model_dir)
+    # SmoothQuant folds its factors into the norms of a loaded float32 model first.
+    updated: dict[str, torch.Tensor] = {}
+    if method == "smoothquant":
+        from speclite.quant.smoothquant import smooth_model
+
         model = load_model(model_dir, device, torch.float32)
-        if method == "smoothquant":
-            from speclite.quant.smoothquant import smooth_model
-
-            smooth_model(model, windows, alpha, progress)
-        else:
-            from speclite.quant.calibrate import gptq_model
-
-            gptq_weights = gptq_model(model, windows, group_size, sym, act_order, progress)
+        smooth_model(model, windows, alpha, progress)
         updated = {name: p.detach().cpu() for name, p in model.named_parameters()}
         del model
 
     out: dict[str, torch.Tensor] = {}
-    count = 0
     for name, tensor in source.items():
         if _LINEAR_WEIGHT.fullmatch(name):
             module = name[: -len(".weight")]
-            weight = updated.get(name, tensor)
-            for suffix, t in _quantized_tensors(scheme, module, weight, group_size, sym, gptq_weights.get(module)).items():
+            for suffix, t in _quantized_tensors(scheme, module, updated.get(name, tensor), group_size, sym).items():
                 out[f"{module}.{suffix}"] = t
-            count += 1
-            if progress and method != "gptq":  # gptq already reported each linear
+            if progress:
                 progress(f"{scheme} {module}")
         else:
             # Smoothing rescales norms; everything else is copied bit for bit in its own dtype.
-            out[name] = updated[name].to(tensor.dtype) if name in updated and method == "smoothquant" else tensor
-    if count == 0:
+            out[name] = updated[name].to(tensor.dtype) if name in updated else tensor
+    if not any(_LINEAR_WEIGHT.fullmatch(name) for name in source):
         raise SpecliteError(f"{model_dir}: found no decoder linear weights to quantize")
     config = dict(config)
     config["quantization_config"] = quantization_config(scheme, group_size, sym, act_order)
     write_model(out_dir, model_dir, out, config)
     del source, out, updated
+    return _report(scheme, method, model_dir, out_dir, tokenizer, seq_len, device, started, progress)
 
+
+def _report(scheme, method, model_dir: Path, out_dir: Path, tokenizer, seq_len, device, started,
+            progress) -> QuantReport:
+    """Sizes before and after, and held-out perplexity of both models when there is a tokenizer."""
     ppl_before = ppl_after = None
     windows = []
     if tokenizer is not None:
         heldout = calibration.read_text(calibration.SHIPPED_HELDOUT)
         windows = calibration.token_windows(tokenizer, heldout, seq_len, max(1, PPL_TOKENS // seq_len))
+    quantized = load_model(out_dir, device)
+    count = sum(1 for m in quantized.modules() if isinstance(m, QuantLinear))
     if windows:
         if progress:
             progress("perplexity of the original and the quantized model")
+        ppl_after = perplexity(quantized, windows)
+        del quantized
         ppl_before = perplexity(load_model(model_dir, device), windows)
-        ppl_after = perplexity(load_model(out_dir, device), windows)
     return QuantReport(scheme, method, str(out_dir), checkpoint_bytes(model_dir), checkpoint_bytes(out_dir),
                        ppl_before, ppl_after, count, time.perf_counter() - started)
 
@@ -138,12 +150,12 @@ def _tokenizer(model_dir: Path, required: bool):
         return None
 
 
-def _quantized_tensors(scheme, module, weight, group_size, sym, gptq_weight) -> dict[str, torch.Tensor]:
+def _quantized_tensors(scheme, module, weight, group_size, sym) -> dict[str, torch.Tensor]:
     if scheme == FP8_BLOCK:
         values, scale = quantize_fp8_blocks(weight, FP8_BLOCK_SIZE)
         return {"weight": values, "weight_scale_inv": scale}
     if scheme == INT4:
-        return to_gptq(gptq_weight or quantize_rtn(weight, group_size, sym), module)
+        return to_gptq(quantize_rtn(weight, group_size, sym), module)
     q, scale = quantize_int8_channel(weight)
     return {"weight": q, "weight_scale": scale}
 
@@ -161,8 +173,9 @@ def perplexity(model, windows: list[torch.Tensor]) -> float:
 
 
 def quantize_model(model, scheme, group_size=128, sym=False):
-    """Load-time RTN: replace every decoder linear of a loaded Transformer (not lm_head/embeddings)."""
-    scheme = normalize_scheme(scheme)
+    """Load-time RTN (nf4: bitsandbytes' quantizer): replace every decoder linear of a loaded
+    Transformer (not lm_head/embeddings)."""
+    scheme = normalize_scheme(scheme, LOAD_TIME_SCHEMES)
     if scheme == INT4 and (not isinstance(group_size, int) or group_size <= 0):
         raise SpecliteError(f"group size must be a positive integer, got {group_size}")
     for block in model.model.layers:
@@ -178,6 +191,8 @@ def quantize_model(model, scheme, group_size=128, sym=False):
                 new = Fp8Linear(values, scale, FP8_BLOCK_SIZE, bias, dtype, device)
             elif scheme == INT4:
                 new = Int4Linear(quantize_rtn(weight.cpu(), group_size, sym), bias, dtype, device)
+            elif scheme == NF4:
+                new = nf4_linear(weight, bias, dtype, device)
             else:
                 q, scale = quantize_int8_channel(weight)
                 new = Int8Linear(q, scale, bias, dtype, device)
