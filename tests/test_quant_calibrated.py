@@ -39,7 +39,8 @@ def _layer0_inputs(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("sym,act_order", [(False, False), (True, True)])
-def test_gptq_through_gptqmodel_beats_rtn(tmp_path, sym, act_order):
+def test_gptq_through_gptqmodel_beats_rtn(tmp_path, monkeypatch, sym, act_order):
+    monkeypatch.chdir(tmp_path)
     model = save_tiny_model(tmp_path / "model", hidden=64, intermediate=128, seed=4)
     calib = tmp_path / "calib.jsonl"
     text = SHIPPED_HELDOUT.read_text()
@@ -54,6 +55,7 @@ def test_gptq_through_gptqmodel_beats_rtn(tmp_path, sym, act_order):
     assert (cfg["quant_method"], cfg["bits"], cfg["group_size"], cfg["checkpoint_format"]) == ("gptq", 4, 32, "gptq")
     assert cfg["desc_act"] is act_order and cfg["sym"] is sym
     assert (out / "tokenizer.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.jsonl", "gptq", "model"]  # no ./logs left behind
 
     # Same layer, same data: GPTQ's error feedback must beat round-to-nearest on every linear of block 0
     # (measured 0.65-0.70 of RTN's output error).

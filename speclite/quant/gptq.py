@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -25,8 +26,10 @@ def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tenso
     """Quantize every decoder linear of model_dir to 4-bit GPTQ into out_dir; returns GPTQModel's version."""
     # GPTQModel sizes its CPU worker pool from this and stalls on a 2-core machine without it.
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
-    # GPTQModel prints a banner and per-layer progress on stdout, which belongs to speclite's report.
-    with contextlib.redirect_stdout(sys.stderr):
+    model_dir, out_dir = Path(model_dir).resolve(), Path(out_dir).resolve()
+    # GPTQModel prints a banner and per-layer progress on stdout, which belongs to speclite's report,
+    # and writes run logs under ./logs: run it from a scratch directory so the user's cwd stays clean.
+    with contextlib.redirect_stdout(sys.stderr), tempfile.TemporaryDirectory() as scratch, _cwd(scratch):
         try:
             import gptqmodel
             from gptqmodel import GPTQModel, QuantizeConfig
@@ -38,3 +41,14 @@ def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tenso
         model.quantize(calibration, batch_size=1)
         model.save(str(out_dir))
     return gptqmodel.__version__
+
+
+@contextlib.contextmanager
+def _cwd(path: str):
+    """contextlib.chdir, which needs Python 3.11."""
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
