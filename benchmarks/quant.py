@@ -2,7 +2,8 @@
 
 A random-weight model of a real shape (Qwen2.5-0.5B's config by default, fewer layers with
 --layers) is saved, quantized with RTN to each scheme, loaded with speclite.model.load_model and
-decoded greedily one token at a time. --ops also times the single matmuls the CPU paths are
+decoded greedily one token at a time (nf4, a load-time scheme, is quantized after loading the
+dense model: `--schemes dense,nf4`). --ops also times the single matmuls the CPU paths are
 chosen from.
 
     python benchmarks/quant.py --layers 4 --tokens 32 --ops
@@ -11,6 +12,7 @@ chosen from.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import tempfile
 import time
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 
 from speclite.model import load_model
-from speclite.quant import quantize_to_dir
+from speclite.quant import SCHEMES, quantize_model, quantize_to_dir
 from speclite.quant.linear import QuantLinear
 
 QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -103,6 +105,17 @@ def op_table(k: int, n: int) -> list[tuple[str, float]]:
         ("int4 _weight_int4pack_mm_for_cpu g128 (fp32 x)",
          lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 128, sz)),
     ]
+    if importlib.util.find_spec("bitsandbytes"):  # optional: pip install 'speclite[bnb]'
+        import bitsandbytes
+
+        p4, s4 = bitsandbytes.functional.quantize_4bit(wb, blocksize=64, compress_statistics=True, quant_type="nf4")
+        lt = bitsandbytes.MatmulLtState(CB=q8, SCB=s8.reshape(-1) * 127)
+        lt.threshold, lt.has_fp16_weights, lt.is_training = 6.0, False, False
+        rows += [
+            ("bnb nf4 matmul_4bit (bf16 x)", lambda: bitsandbytes.matmul_4bit(xb, p4.t(), quant_state=s4)),
+            ("bnb nf4 dequantize_4bit (whole weight)", lambda: bitsandbytes.functional.dequantize_4bit(p4, s4)),
+            ("bnb LLM.int8 matmul, threshold 6 (fp16 x)", lambda: bitsandbytes.matmul(x.half(), q8, state=lt)),
+        ]
     return [(name, median_ms(fn, reps=10)) for name, fn in rows]
 
 
@@ -129,10 +142,12 @@ def main() -> None:
         print(f"{'scheme':<10} {'path':<14} {'disk MB':>8} {'linear MB':>10} {'tok/s':>8} {'ms/tok':>8} {'lm_head ms':>11} {'rest ms':>8}")
         for scheme in args.schemes.split(","):
             path = dense
-            if scheme != "dense":
+            if scheme in SCHEMES:
                 path = Path(tmp) / scheme
                 quantize_to_dir(dense, path, scheme)
             model = load_model(path, args.device, args.dtype)
+            if scheme not in ("dense", *SCHEMES):  # nf4: quantized at load time, disk MB is the dense model's
+                model = quantize_model(model, scheme)
             kinds = {m.path for m in model.modules() if isinstance(m, QuantLinear)} or {"F.linear"}
             disk = sum(f.stat().st_size for f in path.glob("*.safetensors")) / 1e6
             tps = decode_tokens_per_s(model, args.prompt_len, args.tokens)

@@ -26,7 +26,7 @@ def model_options(f):
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True),
         click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
                      show_default=True, help="auto: bfloat16 on CUDA, float32 on the CPU."),
-        click.option("--quant", default=None, help="Quantize the target at load time: fp8-block, int4 or w8a8."),
+        click.option("--quant", default=None, help="Quantize the target at load time: fp8-block, int4, w8a8 or nf4 (bitsandbytes)."),
         click.option("--max-model-len", type=int, default=None, help="Context length (default: model's, at most 4096)."),
         click.option("--static", is_flag=True, help="Fixed-shape decode/verify steps, replayed as CUDA graphs (GPU)."),
     ]
@@ -40,7 +40,7 @@ def spec_options(f):
                      help="Speculation method."),
         click.option("--draft", default=None, help="Draft model for --sp-type vanilla (default: models.toml's)."),
         click.option("--draft-quant", "--sp-quantization", "draft_quant", default=None,
-                     help="Quantize the draft at load time: fp8-block / FP8_PER_BLOCK, int4 / INT4, w8a8 / W8A8."),
+                     help="Quantize the draft at load time: fp8-block / FP8_PER_BLOCK, int4 / INT4, w8a8 / W8A8, nf4."),
         click.option("--gen-num-per-cycle", "k", default="4", show_default=True,
                      help="Drafts per iteration, or 'auto' to adapt to acceptance and cost."),
         click.option("--sp-min-token-match", "min_match", type=int, default=1, show_default=True),

@@ -59,7 +59,7 @@ def test_static_steps_are_exact(pair, plain_outputs):
         assert llm.generate(prompt, GREEDY)[0].token_ids == plain_outputs[prompt]
 
 
-@pytest.mark.parametrize("scheme", ["int4", "w8a8", "fp8-block"])
+@pytest.mark.parametrize("scheme", ["int4", "w8a8", "fp8-block", "nf4"])
 def test_quantized_draft_is_exact(pair, plain_outputs, scheme):
     """A draft quantized at load time changes acceptance, never the output."""
     llm = spec_llm(pair, "vanilla", 4, quantization=scheme)

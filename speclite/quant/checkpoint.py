@@ -1,10 +1,11 @@
 """Load the quantized linears of a checkpoint: our own output and published ones.
 
 Formats: "fp8" (block or per-tensor float8_e4m3fn + weight_scale_inv), "gptq" (v1 zero-1 and
-gptq_v2 real zeros, desc_act/g_idx), "awq" (GEMM layout) and "compressed-tensors"
-int-quantized W8A8. A linear is replaced only where its quantized tensors are present in the
-checkpoint (and it is not lm_head or in the config's ignore list); everything else stays
-dense and is filled by the loader afterwards.
+gptq_v2 real zeros, desc_act/g_idx), "awq" (GEMM layout), "compressed-tensors"
+int-quantized W8A8, and "bitsandbytes" 4-bit / 8-bit (the optional bitsandbytes, see bnb.py).
+A linear is replaced only where its quantized tensors are present in the checkpoint (and it is
+not lm_head or in the config's ignore list); everything else stays dense and is filled by the
+loader afterwards.
 """
 
 from __future__ import annotations
@@ -19,18 +20,23 @@ from speclite.errors import SpecliteError
 from speclite.quant.int4 import from_awq, from_gptq
 from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
 
-SUPPORTED = ("fp8", "gptq", "awq", "compressed-tensors")
+SUPPORTED = ("fp8", "gptq", "awq", "compressed-tensors", "bitsandbytes")
 Builder = Callable[[str, dict, "torch.Tensor | None", torch.dtype, torch.device], "QuantLinear | None"]
 
 
 def load_quantized_linears(model: nn.Module, qconfig: dict, tensors: dict, dtype, device) -> None:
     method = str(qconfig.get("quant_method", "")).lower()
-    factories = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors}
+    factories = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors,
+                 "bitsandbytes": _bitsandbytes}
     if method not in factories:
         raise SpecliteError(f"unsupported quant_method '{method}': speclite loads {', '.join(SUPPORTED)}")
     build = factories[method](qconfig)
+    if method == "bitsandbytes":
+        from speclite.quant.bnb import dequantize_lm_head
+
+        dequantize_lm_head(tensors)
     ignore = list(qconfig.get("ignore") or []) + list(qconfig.get("modules_to_not_convert") or [])
-    ignore += list(qconfig.get("ignored_layers") or [])
+    ignore += list(qconfig.get("ignored_layers") or []) + list(qconfig.get("llm_int8_skip_modules") or [])
     device = torch.device(device)
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear) or name == "lm_head" or _ignored(name, ignore):
@@ -140,5 +146,30 @@ def _compressed_tensors(qconfig: dict) -> Builder:
         if scale is None:
             raise SpecliteError(f"compressed-tensors checkpoint: '{name}.weight_scale' is missing")
         return Int8Linear(weight, scale, bias, dtype, device)
+
+    return build
+
+
+def _bitsandbytes(qconfig: dict) -> Builder:
+    from speclite.quant import bnb
+
+    if not (qconfig.get("load_in_4bit") or qconfig.get("load_in_8bit")):
+        raise SpecliteError("bitsandbytes checkpoint with neither load_in_4bit nor load_in_8bit in its config")
+    storage = qconfig.get("bnb_4bit_quant_storage", "uint8")
+    if storage != "uint8":
+        raise SpecliteError(f"bitsandbytes checkpoint with bnb_4bit_quant_storage '{storage}': speclite loads uint8")
+    threshold = float(qconfig.get("llm_int8_threshold", 6.0))
+    bnb.require("a bitsandbytes checkpoint")
+
+    def build(name, tensors, bias, dtype, device):
+        state = bnb.quant_state(tensors, name, device)
+        if state is not None:
+            return bnb.Bnb4bitLinear(tensors[f"{name}.weight"], state, bias, dtype, device)
+        if f"{name}.SCB" not in tensors:
+            return None
+        fmt = tensors.get(f"{name}.weight_format")
+        if fmt is not None and int(fmt) != 0:  # 0 = row-major; older GPU-tiled layouts are not read
+            raise SpecliteError(f"bitsandbytes checkpoint: '{name}' has weight_format {int(fmt)}: speclite loads 0 (row)")
+        return bnb.int8_linear(tensors[f"{name}.weight"], tensors[f"{name}.SCB"], threshold, bias, dtype, device)
 
     return build

@@ -6,6 +6,7 @@ speclite/quant/README.md): int4 -> aten._weight_int4pack_mm_for_cpu with bf16 ac
 w8a8 -> aten._weight_int8pack_mm with bf16 activations (see Int8Linear), fp8 -> weights
 dequantized once at load (FP8 is a storage format only on the CPU). The packed CPU ops are
 15-50x slower with float32 activations, so activations are cast to bf16 for them and back.
+The bitsandbytes modules (an optional dependency) are in bnb.py.
 Quantized tensors are buffers, not parameters: the loader fills only parameters left on meta.
 """
 
@@ -21,15 +22,19 @@ from speclite.quant.int4 import Int4Weight, pack_nibbles
 INT4PACK_GROUPS = (32, 64, 128, 256)
 
 
+def use_kernels(device, kernels=None) -> bool:
+    """kernels=None: speclite.kernels on CUDA, torch's CPU fast path elsewhere. Tests pass True on
+    the CPU to run the kernel path (the kernels' own torch reference there)."""
+    return torch.device(device).type == "cuda" if kernels is None else kernels
+
+
 class QuantLinear(nn.Module):
     """Shared shape handling and bias; subclasses implement _matmul on a 2-D input."""
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, dtype, device, kernels=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        # kernels=None: speclite.kernels on CUDA, torch's CPU fast path elsewhere. Tests pass True on
-        # the CPU to run the kernel path (the kernels' own torch reference there).
-        self.use_kernels = torch.device(device).type == "cuda" if kernels is None else kernels
+        self.use_kernels = use_kernels(device, kernels)
         self.bias = None if bias is None else nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from speclite.errors import SpecliteError
 
-FP8_BLOCK, INT4, W8A8 = "fp8-block", "int4", "w8a8"
-SCHEMES = (FP8_BLOCK, INT4, W8A8)
+FP8_BLOCK, INT4, W8A8, NF4 = "fp8-block", "int4", "w8a8", "nf4"
+SCHEMES = (FP8_BLOCK, INT4, W8A8)  # what `speclite quantize` writes
+# What `--quant` accepts: nf4 is bitsandbytes' format, quantized at load time only (optional dependency).
+LOAD_TIME_SCHEMES = (*SCHEMES, NF4)
 # RTP-LLM style spellings users already type (--sp-quantization FP8_PER_BLOCK ...).
 ALIASES = {"fp8_per_block": FP8_BLOCK, "fp8-per-block": FP8_BLOCK, "fp8": FP8_BLOCK, "fp8_block": FP8_BLOCK}
 METHODS = {FP8_BLOCK: ("rtn",), INT4: ("rtn", "gptq"), W8A8: ("rtn", "smoothquant")}
@@ -15,12 +17,14 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
-def normalize_scheme(name: str) -> str:
+def normalize_scheme(name: str, schemes: tuple[str, ...] = SCHEMES) -> str:
     """'FP8_PER_BLOCK' / 'INT4' / 'W8A8' (any case) and the canonical names -> canonical name."""
     key = str(name).strip().lower()
     key = ALIASES.get(key, key)
-    if key not in SCHEMES:
-        raise SpecliteError(f"unknown quantization scheme '{name}': choose from {', '.join(SCHEMES)} (or FP8_PER_BLOCK, INT4, W8A8)")
+    if key in LOAD_TIME_SCHEMES and key not in schemes:
+        raise SpecliteError(f"{key} is quantized at load time only (--quant {key}): choose from {', '.join(schemes)}")
+    if key not in schemes:
+        raise SpecliteError(f"unknown quantization scheme '{name}': choose from {', '.join(schemes)} (or FP8_PER_BLOCK, INT4, W8A8)")
     return key
 
 
