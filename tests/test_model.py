@@ -80,6 +80,21 @@ def test_truncated_safetensors_is_a_clear_error(tmp_path, model_dirs):
         load_model(tmp_path / "m")
 
 
+def test_quantized_tensor_where_speclite_expects_dense_is_refused(tmp_path, model_dirs):
+    """An fp8 lm_head (say) without its scales must not load as silently wrong weights."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dirs["llama"], tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.float8_e4m3fn)
+    save_file(tensors, str(weights))
+    with pytest.raises(SpecliteError, match="'model.norm.weight' is stored quantized"):
+        load_model(tmp_path / "m")
+
+
 def test_context_overflow_is_a_clear_error(model_dirs):
     model = load_model(model_dirs["qwen2"])
     cache = model.new_cache(8)

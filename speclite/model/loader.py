@@ -110,6 +110,10 @@ def _load_dense(model: Transformer, tensors: dict, dtype, device, model_dir: Pat
         value = tensors[name]
         if value.shape != param.shape:
             raise SpecliteError(f"{model_dir}: tensor '{name}' has shape {tuple(value.shape)}, config says {tuple(param.shape)}")
+        if not value.is_floating_point() or value.element_size() == 1:
+            # Integer or fp8 values without their scales would load as silently wrong weights.
+            raise SpecliteError(f"{model_dir}: '{name}' is stored quantized ({value.dtype}), which speclite "
+                                "loads only as a high-precision tensor")
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
         # Always a copy: a tensor already in the right dtype would otherwise stay in the safetensors
