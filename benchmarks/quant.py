@@ -3,8 +3,8 @@
 A random-weight model of a real shape (Qwen2.5-0.5B's config by default, fewer layers with
 --layers) is saved, quantized with RTN to each scheme, loaded with speclite.model.load_model and
 decoded greedily one token at a time (nf4, a load-time scheme, is quantized after loading the
-dense model: `--schemes dense,nf4`). --ops also times the single matmuls the CPU paths are
-chosen from.
+dense model: `--schemes dense,nf4`). BODY/HEAD also quantizes lm_head at load time, e.g.
+`--schemes int4,int4/w8a8`. --ops also times the single matmuls the CPU paths are chosen from.
 
     python benchmarks/quant.py --layers 4 --tokens 32 --ops
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from speclite.model import load_model
-from speclite.quant import SCHEMES, quantize_model, quantize_to_dir
+from speclite.quant import SCHEMES, quantize_lm_head, quantize_model, quantize_to_dir
 from speclite.quant.linear import QuantLinear
 
 QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -138,20 +138,25 @@ def main() -> None:
         dense = build_model(Path(tmp) / "dense", args.layers)
         print(f"Qwen2.5-0.5B shape, {args.layers} layers, {args.tokens} decode tokens, "
               f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-        # lm_head (vocab x hidden, never quantized) is timed on its own: at 0.5B it is a large part of a step.
+        # lm_head (vocab x hidden) is timed on its own: at 0.5B it is a large part of a step.
         print(f"{'scheme':<10} {'path':<14} {'disk MB':>8} {'linear MB':>10} {'tok/s':>8} {'ms/tok':>8} {'lm_head ms':>11} {'rest ms':>8}")
         for scheme in args.schemes.split(","):
+            body, _, head = scheme.partition("/")  # "int4/w8a8": int4 checkpoint, lm_head int8 at load time
             path = dense
-            if scheme in SCHEMES:
-                path = Path(tmp) / scheme
-                quantize_to_dir(dense, path, scheme)
+            if body in SCHEMES:
+                path = Path(tmp) / body
+                if not path.exists():
+                    quantize_to_dir(dense, path, body)
             model = load_model(path, args.device, args.dtype)
-            if scheme not in ("dense", *SCHEMES):  # nf4: quantized at load time, disk MB is the dense model's
-                model = quantize_model(model, scheme)
+            if body not in ("dense", *SCHEMES):  # nf4: quantized at load time, disk MB is the dense model's
+                model = quantize_model(model, body)
+            if head:
+                model = quantize_lm_head(model, head)
             kinds = {m.path for m in model.modules() if isinstance(m, QuantLinear)} or {"F.linear"}
             disk = sum(f.stat().st_size for f in path.glob("*.safetensors")) / 1e6
             tps = decode_tokens_per_s(model, args.prompt_len, args.tokens)
-            h = torch.randn(1, model.args.hidden_size, dtype=model.lm_head.weight.dtype, device=model.lm_head.weight.device)
+            embed = model.model.embed_tokens.weight
+            h = torch.randn(1, model.args.hidden_size, dtype=embed.dtype, device=embed.device)
             with torch.no_grad():
                 head = median_ms(lambda: model.lm_head(h), reps=10)
             step = 1e3 / tps

@@ -26,7 +26,8 @@ def model_options(f):
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True),
         click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
                      show_default=True, help="auto: bfloat16 on CUDA, float32 on the CPU."),
-        click.option("--quant", default=None, help="Quantize the target at load time: fp8-block, int4, w8a8 or nf4 (bitsandbytes)."),
+        click.option("--quant", default=None, help="Quantize the target at load time: fp8-block, int4, w8a8 or nf4 (bitsandbytes); "
+                     "BODY/HEAD, e.g. int4/w8a8, quantizes lm_head too."),
         click.option("--max-model-len", type=int, default=None, help="Context length (default: model's, at most 4096)."),
         click.option("--static", is_flag=True, help="Fixed-shape decode/verify steps, replayed as CUDA graphs (GPU)."),
     ]

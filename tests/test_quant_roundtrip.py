@@ -59,6 +59,27 @@ def test_round_trip_logits_stay_close(tiny, tmp_path, scheme, group_size, path):
         quantize_model(model, "int4")
 
 
+def test_load_time_head_quantization_is_opt_in(tiny):
+    """BODY/HEAD: the head gets its own quantized copy; the (tied) embeddings stay as they were."""
+    tokens = torch.randint(0, 300, (24,))
+    reference = logits(load_model(tiny), tokens)
+    body_only = quantize_model(load_model(tiny), "int4", group_size=32)
+    assert type(body_only.lm_head) is Linear
+    model = load_model(tiny)
+    embedding = model.model.embed_tokens.weight.clone()
+    quantize_model(model, "int4/w8a8", group_size=32)
+    assert isinstance(model.lm_head, Int8Linear) and model.lm_head.out_features == 300
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
+    # The head's own error: the int8 head on top of int4 linears moves logits by far less than int4 does.
+    with_head = logits(model, tokens)
+    assert rel_err(with_head, logits(body_only, tokens)) < 0.02
+    assert rel_err(with_head, reference) < BOUNDS["int4"]
+    int8_head = quantize_int8_channel(load_model(tiny).lm_head.weight.detach())
+    torch.testing.assert_close(model.lm_head.weight, int8_head[0])
+    with pytest.raises(SpecliteError, match="unknown quantization scheme 'int3'"):
+        quantize_model(load_model(tiny), "int4/int3")
+
+
 def test_large_checkpoints_are_sharded(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(writer, "SHARD_BYTES", 60_000)
     seen = []

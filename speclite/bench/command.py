@@ -26,7 +26,7 @@ def _check_writable(path: Path | None, flag: str) -> None:
 @click.option("--sp-type", "sp_types", default=None,
               help="Comma list of methods (naive, vanilla, deterministic). Default: all that apply.")
 @click.option("--k", "ks", default="4", show_default=True, help="Comma list of drafts per iteration, or auto.")
-@click.option("--quant", "quants", default=None, help="Comma list of target quant schemes (none, int4, w8a8, fp8-block, nf4).")
+@click.option("--quant", "quants", default=None, help="Comma list of target quant schemes (none, int4, w8a8, fp8-block, nf4; BODY/HEAD such as int4/w8a8).")
 @click.option("--draft-quant", default=None, help="Quantize the draft at load time.")
 @click.option("--accept-policy", type=click.Choice(["normal", "accept_all", "reject_all"]), default="normal",
               show_default=True, help="accept_all: k+1 tokens per iteration by construction (loop overhead).")

@@ -173,29 +173,45 @@ def perplexity(model, windows: list[torch.Tensor]) -> float:
 
 
 def quantize_model(model, scheme, group_size=128, sym=False):
-    """Load-time RTN (nf4: bitsandbytes' quantizer): replace every decoder linear of a loaded
-    Transformer (not lm_head/embeddings)."""
-    scheme = normalize_scheme(scheme, LOAD_TIME_SCHEMES)
-    if scheme == INT4 and (not isinstance(group_size, int) or group_size <= 0):
+    """Load-time RTN (nf4: bitsandbytes' quantizer) of every decoder linear of a loaded Transformer.
+
+    `scheme` is BODY or BODY/HEAD: lm_head stays high precision unless a HEAD scheme is named
+    (e.g. "int4/w8a8": int4 linears, int8 head, as llama.cpp's Q4_0 keeps a 6-bit output tensor).
+    """
+    body, _, head = str(scheme).partition("/")
+    body = normalize_scheme(body, LOAD_TIME_SCHEMES)
+    if not isinstance(group_size, int) or group_size <= 0:
         raise SpecliteError(f"group size must be a positive integer, got {group_size}")
     for block in model.model.layers:
         for name in LINEARS:
-            linear = block.get_submodule(name)
-            if not isinstance(linear, nn.Linear):
-                raise SpecliteError(f"--quant {scheme} needs a dense model: this one is already quantized")
-            weight, bias = linear.weight.detach(), linear.bias
-            dtype, device = weight.dtype, weight.device
-            bias = None if bias is None else bias.detach()
-            if scheme == FP8_BLOCK:
-                values, scale = quantize_fp8_blocks(weight, FP8_BLOCK_SIZE)
-                new = Fp8Linear(values, scale, FP8_BLOCK_SIZE, bias, dtype, device)
-            elif scheme == INT4:
-                new = Int4Linear(quantize_rtn(weight.cpu(), group_size, sym), bias, dtype, device)
-            elif scheme == NF4:
-                new = nf4_linear(weight, bias, dtype, device)
-            else:
-                q, scale = quantize_int8_channel(weight)
-                new = Int8Linear(q, scale, bias, dtype, device)
-            parent, _, attr = name.rpartition(".")
-            setattr(block.get_submodule(parent), attr, new)
+            _replace(block, name, body, group_size, sym)
+    if head:
+        quantize_lm_head(model, head, group_size, sym)
     return model
+
+
+def quantize_lm_head(model, scheme, group_size=128, sym=False):
+    """lm_head at load time; the embeddings stay, so a tied head gets its own quantized copy."""
+    _replace(model, "lm_head", normalize_scheme(scheme, LOAD_TIME_SCHEMES), group_size, sym)
+    return model
+
+
+def _replace(parent_module: nn.Module, name: str, scheme: str, group_size: int, sym: bool) -> None:
+    linear = parent_module.get_submodule(name)
+    if not isinstance(linear, nn.Linear):
+        raise SpecliteError(f"--quant {scheme} needs a dense {name}: this one is already quantized")
+    weight = linear.weight.detach()
+    bias = None if linear.bias is None else linear.bias.detach()
+    dtype, device = weight.dtype, weight.device
+    if scheme == FP8_BLOCK:
+        values, scale = quantize_fp8_blocks(weight, FP8_BLOCK_SIZE)
+        new = Fp8Linear(values, scale, FP8_BLOCK_SIZE, bias, dtype, device)
+    elif scheme == INT4:
+        new = Int4Linear(quantize_rtn(weight.cpu(), group_size, sym), bias, dtype, device)
+    elif scheme == NF4:
+        new = nf4_linear(weight, bias, dtype, device)
+    else:
+        q, scale = quantize_int8_channel(weight)
+        new = Int8Linear(q, scale, bias, dtype, device)
+    parent, _, attr = name.rpartition(".")
+    setattr(parent_module.get_submodule(parent), attr, new)
