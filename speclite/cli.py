@@ -81,7 +81,7 @@ def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, to
     jobs = parse_jobs(input_path, sampling_params(max_new_tokens, temperature, top_p, top_k, seed))
     llm = build_llm(ctx, **flags)
     err = console(stderr=True)
-    err.print(f"loaded: {llm.describe()}")
+    err.print(f"loaded: {llm.describe()}", markup=False)  # "[int4]" is a label, not markup
     progress = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=False)
     out = console()
@@ -97,7 +97,7 @@ def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, to
         task = progress.add_task("generate", total=None)
         summary = run_batch(llm, jobs, output_path, on_start=lambda n: progress.update(task, total=n),
                             on_result=finished)
-    err.print(f"{summary.done} done, {summary.failed} failed, {summary.skipped} already in {output_path}")
+    err.print(f"{summary.done} done, {summary.failed} failed, {summary.skipped} already in {output_path}", markup=False)
     if summary.done:
         err.print(summary_table(summary.stats, f"{llm.spec_config.method} on {llm.model_name}"))
 
@@ -126,7 +126,7 @@ def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, cali
     err = console(stderr=True)
     report = quantize_to_dir(model_dir, out_dir, scheme, method=method, group_size=group_size, sym=sym,
                              act_order=act_order, alpha=alpha, calib=calib, calib_samples=calib_samples,
-                             seq_len=seq_len, progress=lambda msg: err.print(f"  {msg}"))
+                             seq_len=seq_len, progress=lambda msg: err.print(f"  {msg}", markup=False))
     console().print(quant_report(report))
 
 

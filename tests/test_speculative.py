@@ -143,6 +143,8 @@ def test_cli_generate_sp_type_equals_plain(pair, tmp_path, sp_type):
         results[name] = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["token_ids"] for r in results["spec"]] == [r["token_ids"] for r in results["plain"]]
     assert "avg tokens / iteration" in r.stderr
+    if sp_type == "vanilla":  # the quant label is printed as text, not eaten as Rich markup
+        assert "[INT4]" in r.stderr
 
 
 def test_engine_reset_forgets_the_draft_prefix_too(pair, plain_outputs):
