@@ -122,6 +122,19 @@ def test_scheme_aliases_and_bad_input(tiny, tmp_path):
         load_quantized_linears(torch.nn.Module(), {"quant_method": "hqq"}, {}, torch.float32, "cpu")
 
 
+@pytest.mark.parametrize("scheme,scale", [("fp8-block", "weight_scale_inv"), ("w8a8", "weight_scale")])
+def test_quantized_weight_without_its_scale_is_named(tiny, tmp_path, scheme, scale):
+    from safetensors.torch import save_file
+
+    out = tmp_path / scheme
+    quantize_to_dir(tiny, out, scheme)
+    tensors = _dense(out)
+    del tensors[f"model.layers.1.mlp.up_proj.{scale}"]
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(SpecliteError, match=rf"checkpoint: 'model\.layers\.1\.mlp\.up_proj\.{scale}' is missing"):
+        load_model(out)
+
+
 def test_packing_helpers_reject_unpackable_shapes():
     w = quantize_rtn(torch.randn(12, 64), 32, sym=True)
     with pytest.raises(SpecliteError, match="divisible by 8"):

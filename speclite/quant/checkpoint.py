@@ -69,6 +69,18 @@ def _ignored(name: str, patterns: list[str]) -> bool:
     return False
 
 
+def _weight_and_scale(tensors: dict, name: str, dtype: torch.dtype, scale_key: str, fmt: str):
+    """(weight, scale) of a linear stored as `dtype` values plus a scale tensor; None if its weight
+    is not in that dtype (the linear is not quantized in this checkpoint)."""
+    weight = tensors.get(f"{name}.weight")
+    if weight is None or weight.dtype != dtype:
+        return None
+    scale = tensors.get(f"{name}.{scale_key}")
+    if scale is None:
+        raise SpecliteError(f"{fmt} checkpoint: '{name}.{scale_key}' is missing")
+    return weight, scale
+
+
 def _fp8(qconfig: dict) -> Builder:
     fmt = qconfig.get("fmt", "e4m3")
     if fmt != "e4m3":
@@ -76,12 +88,10 @@ def _fp8(qconfig: dict) -> Builder:
     block = tuple(qconfig.get("weight_block_size") or (0, 0))
 
     def build(name, tensors, bias, dtype, device):
-        weight = tensors.get(f"{name}.weight")
-        if weight is None or weight.dtype != torch.float8_e4m3fn:
+        found = _weight_and_scale(tensors, name, torch.float8_e4m3fn, "weight_scale_inv", "fp8")
+        if found is None:
             return None
-        scale = tensors.get(f"{name}.weight_scale_inv")
-        if scale is None:
-            raise SpecliteError(f"fp8 checkpoint: '{name}.weight_scale_inv' is missing")
+        weight, scale = found
         if scale.numel() > 1 and not all(block):
             raise SpecliteError(f"fp8 checkpoint: '{name}' has block scales but no weight_block_size in the config")
         return Fp8Linear(weight, scale, block, bias, dtype, device)
@@ -139,13 +149,8 @@ def _compressed_tensors(qconfig: dict) -> Builder:
             )
 
     def build(name, tensors, bias, dtype, device):
-        weight = tensors.get(f"{name}.weight")
-        if weight is None or weight.dtype != torch.int8:
-            return None
-        scale = tensors.get(f"{name}.weight_scale")
-        if scale is None:
-            raise SpecliteError(f"compressed-tensors checkpoint: '{name}.weight_scale' is missing")
-        return Int8Linear(weight, scale, bias, dtype, device)
+        found = _weight_and_scale(tensors, name, torch.int8, "weight_scale", "compressed-tensors")
+        return None if found is None else Int8Linear(*found, bias, dtype, device)
 
     return build
 
