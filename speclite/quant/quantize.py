@@ -87,8 +87,10 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
         del model
 
     out: dict[str, torch.Tensor] = {}
+    quantized = 0
     for name, tensor in source.items():
         if _LINEAR_WEIGHT.fullmatch(name):
+            quantized += 1
             module = name[: -len(".weight")]
             for suffix, t in _quantized_tensors(scheme, module, updated.get(name, tensor), group_size, sym).items():
                 out[f"{module}.{suffix}"] = t
@@ -97,7 +99,7 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
         else:
             # Smoothing rescales norms; everything else is copied bit for bit in its own dtype.
             out[name] = updated[name].to(tensor.dtype) if name in updated else tensor
-    if not any(_LINEAR_WEIGHT.fullmatch(name) for name in source):
+    if not quantized:
         raise SpecliteError(f"{model_dir}: found no decoder linear weights to quantize")
     config = dict(config)
     config["quantization_config"] = quantization_config(scheme, group_size, sym, act_order)
