@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from speclite.quant import QuantProgress
 from speclite.quant.calib import SHIPPED_CALIB
 
 
@@ -57,3 +58,52 @@ def logits(model, tokens: torch.Tensor) -> torch.Tensor:
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
+
+
+class Recorder(QuantProgress):
+    """Everything quantize_to_dir reports: notes, and the tensors with their byte counts."""
+
+    def __init__(self):
+        self.notes, self.tensors, self.total = [], [], None
+
+    def start(self, tensors, nbytes):
+        self.total = (tensors, nbytes)
+
+    def tensor(self, name, nbytes):
+        self.tensors.append((name, nbytes))
+
+    def note(self, message):
+        self.notes.append(message)
+
+
+def save_random_checkpoint(path: Path, hidden: int, intermediate: int, layers: int, vocab: int = 512,
+                           seed: int = 0) -> Path:
+    """A Qwen2-shaped bf16 checkpoint written tensor by tensor (no model in memory), no tokenizer."""
+    import json
+
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    heads = max(1, hidden // 64)
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": vocab,
+              "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
+              "num_attention_heads": heads, "num_key_value_heads": heads, "tie_word_embeddings": True,
+              "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}
+    (path / "config.json").write_text(json.dumps(config))
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return (0.02 * torch.randn(*shape, generator=gen)).bfloat16()
+
+    shapes = {"self_attn.q_proj": (hidden, hidden), "self_attn.k_proj": (hidden, hidden),
+              "self_attn.v_proj": (hidden, hidden), "self_attn.o_proj": (hidden, hidden),
+              "mlp.gate_proj": (intermediate, hidden), "mlp.up_proj": (intermediate, hidden),
+              "mlp.down_proj": (hidden, intermediate)}
+    save_file({"model.embed_tokens.weight": rand(vocab, hidden), "model.norm.weight": 1 + rand(hidden)},
+              str(path / "model-00000.safetensors"))
+    for i in range(layers):  # one shard per block keeps the writer's own memory to one block
+        block = {f"model.layers.{i}.{n}.weight": rand(*s) for n, s in shapes.items()}
+        block.update({f"model.layers.{i}.self_attn.{p}_proj.bias": rand(hidden) for p in "qkv"})
+        block.update({f"model.layers.{i}.{n}.weight": 1 + rand(hidden) for n in ("input_layernorm", "post_attention_layernorm")})
+        save_file(block, str(path / f"model-{i + 1:05d}.safetensors"))
+    return path

@@ -118,8 +118,9 @@ def test_ignored_modules_stay_dense_and_bad_configs_fail(v1, tmp_path):
     assert type(model.get_submodule(dense_mlp)) is Linear  # our dense linear, not a QuantLinear
     assert type(model.get_submodule("model.layers.1.mlp.up_proj")).__name__ == "Int4Linear"
     tokens = torch.randint(0, 300, (16,))
-    # Equal weights; only that layer's matmul differs (fp32 dense vs the bf16 int4pack op).
-    assert rel_err(logits(model, tokens), logits(load_model(v1), tokens)) < 1e-3
+    # Equal weights; only that layer's matmul differs (fp32 dense vs the int4 path's bf16 or
+    # int8-per-32 activations).
+    assert rel_err(logits(model, tokens), logits(load_model(v1), tokens)) < 3e-3
 
     config = json.loads((mixed / "config.json").read_text())
     config["quantization_config"]["bits"] = 3

@@ -117,7 +117,7 @@ def int8_linear(weight, scb, threshold, bias, dtype, device, kernels=None) -> Qu
     """An LLM.int8 linear: bitsandbytes' matmul with kernels, else Int8Linear (w = int8 * SCB / 127)."""
     if use_kernels(device, kernels):
         return Bnb8bitLinear(weight, scb, threshold, bias, dtype, device)
-    return Int8Linear(weight, scb.float() / 127, bias, dtype, device, kernels=False)
+    return Int8Linear(weight, scb.float() / 127, bias, dtype, device, kernels=False, quantize_activations=False)
 
 
 def nf4_linear(weight: torch.Tensor, bias, dtype, device, kernels=None) -> Bnb4bitLinear:

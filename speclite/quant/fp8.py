@@ -12,24 +12,23 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 
 
-def _blocked(t: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, int, int]:
-    """Zero-pad [N, K] up to whole blocks and view it as [N/bn, bn, K/bk, bk]."""
-    bn, bk = block
-    n, k = t.shape
-    nb, kb = -(-n // bn), -(-k // bk)
-    padded = torch.nn.functional.pad(t, (0, kb * bk - k, 0, nb * bn - n))
-    return padded.view(nb, bn, kb, bk), nb, kb
-
-
 def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] float -> (fp8 [N, K], weight_scale_inv float32 [ceil(N/bn), ceil(K/bk)])."""
+    """weight [N, K] float -> (fp8 [N, K], weight_scale_inv float32 [ceil(N/bn), ceil(K/bk)]).
+
+    One float32 copy, zero-padded up to whole blocks (edge tiles are partial), scaled in place.
+    """
+    bn, bk = block
     n, k = weight.shape
-    tiles, nb, kb = _blocked(weight.float(), block)
-    amax = tiles.abs().amax(dim=(1, 3))
+    nb, kb = -(-n // bn), -(-k // bk)
+    padded = (nb * bn, kb * bk) != (n, k)
+    w = torch.zeros(nb * bn, kb * bk) if padded else torch.empty(n, k)
+    w[:n, :k] = weight
+    tiles = w.view(nb, bn, kb, bk)
+    amax = torch.maximum(tiles.amax(dim=(1, 3)), -tiles.amin(dim=(1, 3)))  # max |w| without a copy
     # An all-zero tile gets scale 1 so it stays exactly zero and the scale stays finite.
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    values = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return values.view(nb * block[0], kb * block[1])[:n, :k].contiguous(), scale.contiguous()
+    values = tiles.div_(scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8).view(nb * bn, kb * bk)
+    return (values[:n, :k].contiguous() if padded else values), scale.contiguous()
 
 
 def dequantize_fp8_blocks(values: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype) -> torch.Tensor:

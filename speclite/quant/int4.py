@@ -15,7 +15,7 @@ import torch
 from speclite.errors import SpecliteError
 
 MAXQ = 15
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)  # unpacking
 # AWQ's GEMM layout puts output column ORDER[i] in nibble i of each int32.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -57,18 +57,25 @@ def group_params(w: torch.Tensor, sym: bool) -> tuple[torch.Tensor, torch.Tensor
     return scale, zero
 
 
-def quantize_values(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    return (torch.round(w / scale) + zero).clamp(0, MAXQ)
+def quantize_values_(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """round(w / scale) + zero clamped to 0..15, computed in w's own memory."""
+    return w.div_(scale).round_().add_(zero).clamp_(0, MAXQ)
 
 
 def quantize_rtn(weight: torch.Tensor, group_size: int, sym: bool) -> Int4Weight:
-    """Round-to-nearest per group of `group_size` input channels; no data needed."""
+    """Round-to-nearest per group of `group_size` input channels; no data needed.
+
+    One float32 copy of the weight, rounded in place: streaming a checkpoint runs at the speed of
+    these few whole-tensor passes.
+    """
     n, k = weight.shape
     groups = -(-k // group_size)
     # Zero padding of the last group cannot move its min/max: the range includes 0 anyway.
-    w = torch.nn.functional.pad(weight.float(), (0, groups * group_size - k)).view(n, groups, group_size)
+    w = torch.zeros(n, groups * group_size) if groups * group_size > k else torch.empty(n, k)
+    w[:, :k] = weight
+    w = w.view(n, groups, group_size)
     scale, zero = group_params(w, sym)  # [N, G]
-    q = quantize_values(w, scale[..., None], zero[..., None]).view(n, -1)[:, :k]
+    q = quantize_values_(w, scale[..., None], zero[..., None]).view(n, -1)[:, :k]
     return Int4Weight(
         q=q.to(torch.uint8).contiguous(),
         zeros=zero.t().to(torch.uint8).contiguous(),
@@ -79,12 +86,13 @@ def quantize_rtn(weight: torch.Tensor, group_size: int, sym: bool) -> Int4Weight
 
 
 def pack_nibbles(values: torch.Tensor, dim: int) -> torch.Tensor:
-    """Pack 8 consecutive 4-bit values along `dim` into one int32, lowest bits first."""
-    v = values.to(torch.int64).movedim(dim, -1)
-    v = v.reshape(*v.shape[:-1], -1, 8)
-    words = (v << _SHIFTS.to(v.device)).sum(-1)
-    words = torch.where(words >= 2**31, words - 2**32, words)  # reinterpret as signed int32
-    return words.to(torch.int32).movedim(-1, dim).contiguous()
+    """Pack 8 consecutive 4-bit values along `dim` into one int32, lowest bits first.
+
+    Two nibbles per byte, four bytes read as one little-endian int32 (x86 and ARM alike).
+    """
+    v = values.to(torch.uint8).movedim(dim, -1).contiguous()
+    v = v.view(*v.shape[:-1], -1, 2)
+    return (v[..., 0] | (v[..., 1] << 4)).view(torch.int32).movedim(-1, dim).contiguous()
 
 
 def unpack_nibbles(words: torch.Tensor, dim: int) -> torch.Tensor:

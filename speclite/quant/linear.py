@@ -1,11 +1,12 @@
 """Quantized drop-in replacements for nn.Linear.
 
-On CUDA they keep the packed weights and call speclite.kernels. On the CPU each takes the
-fastest path measured on the 2-core dev machine (torch 2.13, see README notes in
-speclite/quant/README.md): int4 -> aten._weight_int4pack_mm_for_cpu with bf16 activations,
-w8a8 -> aten._weight_int8pack_mm with bf16 activations (see Int8Linear), fp8 -> weights
-dequantized once at load (FP8 is a storage format only on the CPU). The packed CPU ops are
-15-50x slower with float32 activations, so activations are cast to bf16 for them and back.
+On CUDA they keep the packed weights and call speclite.kernels. On the CPU, int4 and w8a8 run
+speclite's own AVX2 kernels (kernels/cpu_gemm: weights repacked once here, activations quantized
+to int8 per call, integer dot products) where the CPU and a compiler allow; otherwise the fastest
+torch path measured on the 2-core dev machine (torch 2.13, see speclite/quant/README.md): int4 ->
+aten._weight_int4pack_mm_for_cpu, w8a8 -> aten._weight_int8pack_mm, both with bf16 activations
+(15-50x slower with float32 ones). fp8 -> weights dequantized once at load (FP8 is a storage
+format only on the CPU), then the dense kernels.
 The bitsandbytes modules (an optional dependency) are in bnb.py.
 Quantized tensors are buffers, not parameters: the loader fills only parameters left on meta.
 """
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from speclite import kernels
+from speclite.kernels import cpu_gemm
 from speclite.quant.fp8 import dequantize_fp8_blocks
 from speclite.quant.int4 import Int4Weight, pack_nibbles
 
@@ -72,21 +74,25 @@ class Fp8Linear(QuantLinear):
 
 
 class Int8Linear(QuantLinear):
-    """W8A8 checkpoint: int8 per-channel weights.
+    """int8 per-channel weights: a W8A8 checkpoint, or weight-only int8 (bitsandbytes LLM.int8).
 
-    With kernels: activations are quantized per token at run time (int8_gemm), as the format
-    specifies. On the CPU the weight-only int8 op with bf16 activations is used instead: measured
-    2-2.5x faster than torch._int_mm plus per-token quantization at batch 1 (decode), and it skips
-    the activation rounding (so it is slightly closer to the dense model, never further).
+    W8A8 quantizes activations per token at run time, as the format specifies: int8_gemm with
+    kernels, our AVX2 kernel on the CPU. Weight-only (`quantize_activations=False`) keeps the
+    activations in bf16 on torch's int8pack op: LLM.int8 keeps outlier features in 16 bits, which
+    per-token int8 activations would round away.
     """
 
-    def __init__(self, weight, weight_scale, bias, dtype, device, kernels=None):
+    def __init__(self, weight, weight_scale, bias, dtype, device, kernels=None, quantize_activations=True):
         n, k = weight.shape
         super().__init__(k, n, bias, dtype, device, kernels)
         if self.use_kernels:
             self.path = "int8_gemm"
             self.register_buffer("weight", weight.to(device=device, dtype=torch.int8))
             self.register_buffer("weight_scale", weight_scale.float().reshape(n, 1).to(device))
+        elif quantize_activations and cpu_gemm.available():
+            self.path = "cpu_w8a8"  # per-token int8 activations, as the format specifies
+            self.register_buffer("weight", cpu_gemm.pack_int8(weight))
+            self.register_buffer("weight_scale", weight_scale.float().reshape(n).contiguous())
         elif k % 16 == 0:
             # The op needs K % 16 == 0 (other K crash or go wrong, measured) and a freshly
             # allocated weight: a memory-mapped checkpoint tensor may be unaligned, which crashes it.
@@ -102,6 +108,8 @@ class Int8Linear(QuantLinear):
             return kernels.int8_gemm(x, self.weight, self.weight_scale)
         if self.path == "dequantized":
             return kernels.linear(x, self.weight)
+        if self.path == "cpu_w8a8":
+            return cpu_gemm.int8_gemm(x, self.weight, self.weight_scale, self.in_features)
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.weight_scale)
         return y.to(x.dtype)
 
@@ -121,7 +129,13 @@ class Int4Linear(QuantLinear):
             self.register_buffer("g_idx", w.g_idx.to(device))
             return
         perm = _contiguous_group_order(w.g_idx, w.group_size)
-        if n % 16 == 0 and w.group_size in INT4PACK_GROUPS and perm is not None:
+        if perm is not None and w.group_size % 32 == 0 and cpu_gemm.available():
+            self.path = "cpu_int4"
+            packed = cpu_gemm.pack_int4(w.q[:, perm], w.scales, w.zeros, w.group_size)
+            for name, t in zip(("qweight", "scales", "zeros"), packed):
+                self.register_buffer(name, t)
+            self.register_buffer("perm", None if torch.equal(perm, torch.arange(k)) else perm)
+        elif n % 16 == 0 and w.group_size in INT4PACK_GROUPS and perm is not None:
             self.path = "int4pack"
             q = w.q.long()[:, perm].to(torch.int32)
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
@@ -141,6 +155,9 @@ class Int4Linear(QuantLinear):
             return kernels.w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
         if self.path == "dequantized":
             return kernels.linear(x, self.weight)
+        if self.path == "cpu_int4":
+            x = x if self.perm is None else x[:, self.perm]
+            return cpu_gemm.int4_gemm(x, (self.qweight, self.scales, self.zeros), self.in_features, self.group_size)
         xb = x.to(torch.bfloat16)
         if self.perm is not None:
             xb = xb[:, self.perm]

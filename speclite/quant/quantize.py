@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import math
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
 
 from speclite.errors import SpecliteError
 from speclite.model.decoder import ModelArgs
-from speclite.model.loader import load_model, read_config, read_tensors, resolve_device
+from speclite.model.loader import read_config, resolve_device
+from speclite.quant.blockwise import BlockRunner
 from speclite.quant import calib as calibration
 from speclite.quant.bnb import nf4_linear
 from speclite.quant.fp8 import quantize_fp8_blocks
@@ -22,8 +22,10 @@ from speclite.quant.int4 import quantize_rtn, to_gptq
 from speclite.quant.int8 import quantize_int8_channel
 from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
 from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, LOAD_TIME_SCHEMES, NF4,
-                                    check_method, normalize_scheme, quantization_config)
-from speclite.quant.writer import checkpoint_bytes, prepare_out_dir, write_model
+                                    check_method, normalize_scheme, quantization_config,
+                                    quantized_bytes)
+from speclite.quant.source import TensorSource, layer_index
+from speclite.quant.writer import SHARD_BYTES, ShardWriter, check_free_space, checkpoint_bytes, finish, prepare_out_dir
 
 # Held-out tokens scored for perplexity: enough for a stable number, cheap on a 2-core CPU.
 PPL_TOKENS = 2048
@@ -37,98 +39,169 @@ class QuantReport:
     out_dir: str
     bytes_before: int  # safetensors bytes of the source checkpoint
     bytes_after: int  # safetensors bytes written
-    ppl_before: float | None  # held-out perplexity; None when the model dir has no tokenizer
+    ppl_before: float | None  # held-out perplexity; None when not evaluated (eval_skipped says why)
     ppl_after: float | None
     quantized_linears: int
-    seconds: float
+    seconds: float  # the whole run
+    quantize_seconds: float  # reading, quantizing and writing the weights (no tokenizer, no evaluation)
+    eval_skipped: str | None = None
+
+
+class QuantProgress:
+    """What quantize_to_dir reports as it goes (no-ops here; the CLI renders a bar or plain lines)."""
+
+    def start(self, tensors: int, nbytes: int) -> None:
+        """`tensors` source tensors of `nbytes` bytes in total are about to be read."""
+
+    def tensor(self, name: str, nbytes: int) -> None:
+        """One source tensor is quantized (or copied) and handed to the writer."""
+
+    def note(self, message: str) -> None:
+        """A phase begins (calibration, GPTQModel, evaluation)."""
 
 
 def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sym=False, act_order=False,
-                    alpha=0.5, calib=None, calib_samples=128, seq_len=512,
-                    progress: Callable[[str], None] | None = None) -> QuantReport:
+                    alpha=0.5, calib=None, calib_samples=128, seq_len=512, shard_bytes=SHARD_BYTES,
+                    evaluate=True, progress: QuantProgress | None = None) -> QuantReport:
+    """Quantize model_dir into out_dir tensor by tensor (calibrated methods block by block).
+
+    The checkpoint is written into a staging directory beside out_dir and renamed into place at the
+    end: an interrupted run leaves nothing that loads as a model.
+    """
     started = time.perf_counter()
+    progress = progress or QuantProgress()
     scheme = normalize_scheme(scheme)
     method = check_method(scheme, method)
-    _check_options(scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len)
+    _check_options(scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len, shard_bytes)
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     config = read_config(model_dir)
-    ModelArgs.from_hf(config)  # unsupported architectures fail before any work
+    args = ModelArgs.from_hf(config)  # unsupported architectures fail before any work
     if config.get("quantization_config"):
         raise SpecliteError(f"{model_dir} is already quantized ({config['quantization_config'].get('quant_method')}); quantize the original model")
     calib_text = calibration.read_text(calib or calibration.SHIPPED_CALIB) if method != "rtn" else None
-    prepare_out_dir(model_dir, out_dir)
-    tokenizer = _tokenizer(model_dir, required=method != "rtn")
+    tokenizer = _tokenizer(model_dir, required=method != "rtn") if method != "rtn" or evaluate else None
     device = resolve_device(None)
-
     windows = []
     if method != "rtn":
         windows = calibration.token_windows(tokenizer, calib_text, seq_len, calib_samples)
         if not windows:
             raise SpecliteError("the calibration text is too short: it yields no token windows")
-    if method == "gptq":
-        from speclite.quant.gptq import gptqmodel_quantize
 
-        if progress:
-            progress("gptq: GPTQModel quantizes block by block (its per-layer log follows)")
-        version = gptqmodel_quantize(model_dir, out_dir, windows, group_size, sym, act_order, device)
-        if progress:
-            progress(f"gptq: written by GPTQModel {version}")
-        return _report(scheme, method, model_dir, out_dir, tokenizer, seq_len, device, started, progress)
-
-    source = read_tensors(model_dir)
-    # SmoothQuant folds its factors into the norms of a loaded float32 model first.
-    updated: dict[str, torch.Tensor] = {}
-    if method == "smoothquant":
-        from speclite.quant.smoothquant import smooth_model
-
-        model = load_model(model_dir, device, torch.float32)
-        smooth_model(model, windows, alpha, progress)
-        updated = {name: p.detach().cpu() for name, p in model.named_parameters()}
-        del model
-
-    out: dict[str, torch.Tensor] = {}
-    quantized = 0
-    for name, tensor in source.items():
-        if _LINEAR_WEIGHT.fullmatch(name):
-            quantized += 1
-            module = name[: -len(".weight")]
-            for suffix, t in _quantized_tensors(scheme, module, updated.get(name, tensor), group_size, sym).items():
-                out[f"{module}.{suffix}"] = t
-            if progress:
-                progress(f"{scheme} {module}")
-        else:
-            # Smoothing rescales norms; everything else is copied bit for bit in its own dtype.
-            out[name] = updated[name].to(tensor.dtype) if name in updated else tensor
-    if not quantized:
+    source = TensorSource(model_dir)
+    linears = {n for n in source.names() if _LINEAR_WEIGHT.fullmatch(n)}
+    if not linears:
         raise SpecliteError(f"{model_dir}: found no decoder linear weights to quantize")
-    config = dict(config)
-    config["quantization_config"] = quantization_config(scheme, group_size, sym, act_order)
-    write_model(out_dir, model_dir, out, config)
-    del source, out, updated
-    return _report(scheme, method, model_dir, out_dir, tokenizer, seq_len, device, started, progress)
+    staging = prepare_out_dir(model_dir, out_dir)
+    writing = time.perf_counter()
+    try:
+        check_free_space(out_dir.parent, sum(quantized_bytes(scheme, source.shapes[n], group_size) if n in linears
+                                             else source.nbytes[n] for n in source.names()))
+        if method == "gptq":
+            from speclite.quant.gptq import gptqmodel_quantize
 
-
-def _report(scheme, method, model_dir: Path, out_dir: Path, tokenizer, seq_len, device, started,
-            progress) -> QuantReport:
-    """Sizes before and after, and held-out perplexity of both models when there is a tokenizer."""
+            progress.note("gptq: GPTQModel quantizes block by block (its per-layer log follows)")
+            version = gptqmodel_quantize(model_dir, staging, windows, group_size, sym, act_order, device)
+            progress.note(f"gptq: written by GPTQModel {version}")
+            finish(staging, out_dir, model_dir, None)
+        else:
+            writer = ShardWriter(staging, shard_bytes)
+            progress.start(len(source.names()), sum(source.nbytes.values()))
+            if method == "smoothquant":
+                _stream_smoothed(source, args, windows, alpha, scheme, group_size, sym, writer, device, progress)
+            else:
+                for name in source.names():
+                    _emit(writer, scheme, name, source.get(name), group_size, sym, name in linears)
+                    progress.tensor(name, source.nbytes[name])
+            writer.close()
+            config = {**config, "quantization_config": quantization_config(scheme, group_size, sym, act_order)}
+            finish(staging, out_dir, model_dir, config)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # Ctrl-C, an error: nothing half-written stays
+        raise
+    quantize_seconds = time.perf_counter() - writing
     ppl_before = ppl_after = None
-    windows = []
-    if tokenizer is not None:
-        heldout = calibration.read_text(calibration.SHIPPED_HELDOUT)
-        windows = calibration.token_windows(tokenizer, heldout, seq_len, max(1, PPL_TOKENS // seq_len))
-    quantized = load_model(out_dir, device)
-    count = sum(1 for m in quantized.modules() if isinstance(m, QuantLinear))
-    if windows:
-        if progress:
-            progress("perplexity of the original and the quantized model")
-        ppl_after = perplexity(quantized, windows)
-        del quantized
-        ppl_before = perplexity(load_model(model_dir, device), windows)
+    skipped = _eval_skipped(evaluate, tokenizer)
+    if skipped is None:
+        progress.note("perplexity of the original and the quantized model, block by block")
+        heldout = calibration.token_windows(tokenizer, calibration.read_text(calibration.SHIPPED_HELDOUT),
+                                            seq_len, max(1, PPL_TOKENS // seq_len))
+        dtype = source_dtype(source)
+        ppl_before = streamed_perplexity(source, args, heldout, dtype, device)
+        ppl_after = streamed_perplexity(TensorSource(out_dir), args, heldout, dtype, device,
+                                        read_config(out_dir)["quantization_config"])
     return QuantReport(scheme, method, str(out_dir), checkpoint_bytes(model_dir), checkpoint_bytes(out_dir),
-                       ppl_before, ppl_after, count, time.perf_counter() - started)
+                       ppl_before, ppl_after, len(linears), time.perf_counter() - started, quantize_seconds, skipped)
 
 
-def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len) -> None:
+def _emit(writer: ShardWriter, scheme, name: str, tensor: torch.Tensor, group_size, sym, quantize: bool) -> None:
+    if not quantize:
+        # Copied bit for bit in its own dtype, and out of the source's memory map: a pending view
+        # would keep the whole input file mapped until its shard is written.
+        writer.add(name, tensor.clone())
+        return
+    module = name[: -len(".weight")]
+    for suffix, t in _quantized_tensors(scheme, module, tensor, group_size, sym).items():
+        writer.add(f"{module}.{suffix}", t)
+
+
+def _stream_smoothed(source: TensorSource, args: ModelArgs, windows, alpha, scheme, group_size, sym,
+                     writer: ShardWriter, device, progress: QuantProgress) -> None:
+    """SmoothQuant block by block: calibrate block i on float32 weights, smooth it, write it, drop it."""
+    from speclite.quant.calibrate import block_input_absmax
+    from speclite.quant.smoothquant import CALIBRATED, smooth_block
+
+    runner = BlockRunner(source, args, torch.float32, device)
+    names = source.names()
+    for name in names:
+        if layer_index(name) is None:
+            _emit(writer, scheme, name, source.get(name), group_size, sym, False)
+            progress.tensor(name, source.nbytes[name])
+    progress.note(f"smoothquant: {len(windows)} calibration windows, block by block")
+    hidden = runner.embed(windows)
+    for i in range(args.num_layers):
+        block = runner.block(i)
+        stats, hidden = block_input_absmax(runner, block, hidden, CALIBRATED)
+        smooth_block(block, stats, alpha)
+        params = dict(block.named_parameters())
+        prefix = f"model.layers.{i}."
+        for name in source.layer_names(i):
+            local, linear = name[len(prefix):], _LINEAR_WEIGHT.fullmatch(name) is not None
+            if local not in params:
+                tensor = source.get(name)
+            elif linear:
+                tensor = params[local].detach()  # quantized from the smoothed float32 weight
+            else:
+                tensor = params[local].detach().to(source.get(name).dtype)  # a rescaled norm or bias
+            _emit(writer, scheme, name, tensor, group_size, sym, linear)
+            progress.tensor(name, source.nbytes[name])
+        del block, params
+
+
+def streamed_perplexity(source: TensorSource, args: ModelArgs, windows, dtype, device, qconfig=None) -> float:
+    runner = BlockRunner(source, args, dtype, device, qconfig)
+    hidden = runner.embed(windows)
+    for i in range(args.num_layers):
+        hidden = runner.run(runner.block(i), hidden)
+    return runner.perplexity(hidden, windows)
+
+
+def source_dtype(source: TensorSource) -> torch.dtype:
+    """The checkpoint's own float dtype (its embeddings'), what the model runs in."""
+    return source.get("model.embed_tokens.weight").dtype
+
+
+def _eval_skipped(evaluate: bool, tokenizer) -> str | None:
+    if not evaluate:
+        return "skipped (--no-eval)"
+    if tokenizer is None:
+        return "n/a (no tokenizer)"
+    return None
+
+
+def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len,
+                   shard_bytes) -> None:
+    if not isinstance(shard_bytes, int) or shard_bytes < 1:
+        raise SpecliteError(f"the shard size must be a positive number of bytes, got {shard_bytes}")
     if scheme == INT4 and (not isinstance(group_size, int) or group_size <= 0 or group_size % 8):
         raise SpecliteError(f"--group-size must be a positive multiple of 8, got {group_size}")
     if act_order and method != "gptq":
@@ -160,18 +233,6 @@ def _quantized_tensors(scheme, module, weight, group_size, sym) -> dict[str, tor
         return to_gptq(quantize_rtn(weight, group_size, sym), module)
     q, scale = quantize_int8_channel(weight)
     return {"weight": q, "weight_scale": scale}
-
-
-def perplexity(model, windows: list[torch.Tensor]) -> float:
-    total, count = 0.0, 0
-    device = model.inv_freq.device
-    with torch.no_grad():
-        for w in windows:
-            w = w.to(device)
-            logits = model(w, model.new_cache(w.numel()))
-            total += torch.nn.functional.cross_entropy(logits[:-1].float(), w[1:], reduction="sum").item()
-            count += w.numel() - 1
-    return math.exp(total / count)
 
 
 def quantize_model(model, scheme, group_size=128, sym=False):

@@ -58,3 +58,15 @@ def quantization_config(scheme: str, group_size: int, sym: bool, act_order: bool
             }
         },
     }
+
+
+def quantized_bytes(scheme: str, shape: tuple[int, ...], group_size: int) -> int:
+    """Bytes one decoder linear weight [N, K] takes on disk in `scheme` (for the free-space check)."""
+    n, k = shape
+    if scheme == FP8_BLOCK:
+        bn, bk = FP8_BLOCK_SIZE
+        return n * k + -(-n // bn) * -(-k // bk) * 4
+    if scheme == INT4:
+        groups = -(-k // group_size)
+        return n * k // 2 + groups * n // 2 + groups * n * 2 + k * 4
+    return n * k + n * 4

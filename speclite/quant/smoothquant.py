@@ -11,11 +11,10 @@ so the checkpoint keeps the standard layout and needs no extra tensors:
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
-from speclite.quant.calibrate import input_absmax
+# The linear whose input stands for each smoothed group (q/k/v share theirs, gate/up theirs).
+CALIBRATED = ["self_attn.q_proj", "mlp.gate_proj", "mlp.down_proj"]
 
 
 def _factors(act_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
@@ -25,27 +24,20 @@ def _factors(act_amax: torch.Tensor, weights: list[torch.Tensor], alpha: float) 
     return torch.where((act_amax > 0) & (w_amax > 0), s, torch.ones_like(s))
 
 
-def smooth_model(model, windows, alpha: float, progress: Callable[[str], None] | None = None) -> None:
-    names = []
-    for i in range(len(model.model.layers)):
-        names += [f"model.layers.{i}.self_attn.q_proj", f"model.layers.{i}.mlp.gate_proj", f"model.layers.{i}.mlp.down_proj"]
-    stats = input_absmax(model, windows, names)
+def smooth_block(block, stats: dict[str, torch.Tensor], alpha: float) -> None:
+    """Fold the factors of one block, from its calibration `stats` (keys: CALIBRATED), into its weights."""
+    attn, mlp = block.self_attn, block.mlp
     with torch.no_grad():
-        for i, block in enumerate(model.model.layers):
-            attn, mlp = block.self_attn, block.mlp
-            pre = f"model.layers.{i}"
-            for norm, linears, key in (
-                (block.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj], f"{pre}.self_attn.q_proj"),
-                (block.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], f"{pre}.mlp.gate_proj"),
-            ):
-                s = _factors(stats[key], [m.weight for m in linears], alpha).to(norm.weight.dtype)
-                norm.weight.div_(s)
-                for m in linears:
-                    m.weight.mul_(s)
-            s = _factors(stats[f"{pre}.mlp.down_proj"], [mlp.down_proj.weight], alpha).to(mlp.up_proj.weight.dtype)
-            mlp.up_proj.weight.div_(s[:, None])
-            if mlp.up_proj.bias is not None:
-                mlp.up_proj.bias.div_(s)
-            mlp.down_proj.weight.mul_(s)
-            if progress:
-                progress(f"smoothquant {pre}")
+        for norm, linears, key in (
+            (block.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj], "self_attn.q_proj"),
+            (block.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], "mlp.gate_proj"),
+        ):
+            s = _factors(stats[key], [m.weight for m in linears], alpha).to(norm.weight.dtype)
+            norm.weight.div_(s)
+            for m in linears:
+                m.weight.mul_(s)
+        s = _factors(stats["mlp.down_proj"], [mlp.down_proj.weight], alpha).to(mlp.up_proj.weight.dtype)
+        mlp.up_proj.weight.div_(s[:, None])
+        if mlp.up_proj.bias is not None:
+            mlp.up_proj.bias.div_(s)
+        mlp.down_proj.weight.mul_(s)

@@ -1,0 +1,93 @@
+"""An interrupted quantize leaves nothing that loads as a model; a re-run starts clean; output stays plain when piped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from quant_helpers import save_random_checkpoint, save_tiny_model
+
+import speclite.quant.writer as writer
+from speclite.errors import SpecliteError
+from speclite.model import load_model
+from speclite.quant import quantize_to_dir
+from speclite.quant.writer import staging_dir
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_random_checkpoint(tmp_path_factory.mktemp("src") / "model", hidden=512, intermediate=1408, layers=12)
+
+
+def quantize_cmd(src, out, *extra):
+    return [sys.executable, "-m", "speclite.cli", "quantize", str(src), "--scheme", "int4", "-o", str(out),
+            "--shard-size", "1", "--no-eval", *extra]
+
+
+def interrupt(src, out, sig):
+    """Start a quantize, send `sig` once its first shard is on disk, return the exit code and stderr."""
+    proc = subprocess.Popen(quantize_cmd(src, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(staging_dir(out).glob("partial-*.safetensors")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.005)
+    proc.send_signal(sig)
+    stderr = proc.communicate(timeout=60)[1].decode()
+    return proc.returncode, stderr
+
+
+def assert_not_a_model(path):
+    if path.exists():
+        with pytest.raises(SpecliteError):
+            load_model(path)
+        from transformers import AutoConfig
+
+        with pytest.raises((OSError, ValueError)):
+            AutoConfig.from_pretrained(str(path))
+
+
+def test_ctrl_c_leaves_nothing(model, tmp_path):
+    out = tmp_path / "out"
+    code, stderr = interrupt(model, out, signal.SIGINT)
+    assert code == 130, stderr
+    assert not out.exists() and not staging_dir(out).exists()
+    assert os.listdir(tmp_path) == []
+
+
+def test_kill_9_leaves_no_model_and_a_rerun_starts_clean(model, tmp_path):
+    out = tmp_path / "out"
+    assert interrupt(model, out, signal.SIGKILL)[0] == -signal.SIGKILL
+    assert not out.exists()
+    assert_not_a_model(staging_dir(out))  # the hidden staging directory has shards but never config.json
+    run = subprocess.run(quantize_cmd(model, out), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert not staging_dir(out).exists() and sorted(os.listdir(tmp_path)) == ["out"]
+    assert len(list(out.glob("model-*.safetensors"))) > 1
+    load_model(out)
+
+
+def test_too_little_disk_space_is_one_line_and_writes_nothing(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 10 * 10**6))
+    out = tmp_path / "out"
+    with pytest.raises(SpecliteError, match=r"^not enough disk space in .*: the checkpoint needs 0\.\d+ GB, 0\.01 GB are free$"):
+        quantize_to_dir(model, out, "w8a8", evaluate=False)
+    assert os.listdir(tmp_path) == []
+
+
+def test_piped_output_is_plain_and_verbose_lists_tensors(tmp_path):
+    src = save_tiny_model(tmp_path / "tiny", hidden=64, intermediate=160)
+    quiet = subprocess.run(quantize_cmd(src, tmp_path / "a"), capture_output=True, text=True, timeout=300)
+    loud = subprocess.run(quantize_cmd(src, tmp_path / "b", "--verbose"), capture_output=True, text=True, timeout=300)
+    for run in (quiet, loud):
+        assert run.returncode == 0, run.stderr
+        text = run.stdout + run.stderr
+        assert "\x1b[" not in text and "\r" not in text  # no colours, no redrawn bar
+        assert "skipped (--no-eval)" in run.stdout and "MB/s" in run.stdout
+    assert "model.layers.1.mlp.down_proj.weight" in loud.stderr
+    assert "model.layers.1.mlp.down_proj.weight" not in quiet.stderr
+    assert len(loud.stderr.splitlines()) > len(quiet.stderr.splitlines()) + 20
