@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from speclite.kernels import cpu_gemv
+from speclite.kernels import cpu_gemm, cpu_gemv
 from speclite.synthetic import synthetic_config
 
 
@@ -36,17 +36,16 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not cpu_gemv.available():
-        raise SystemExit("speclite's CPU kernel is not available here (no C++ compiler or no AVX-512 BF16)")
     config = synthetic_config(args.config)
     if args.layers:
         config["num_hidden_layers"] = args.layers
     weights = [torch.randn(n, k, dtype=torch.bfloat16) * 0.02 for n, k in shapes(config)]
-    xs = {w.shape[1]: torch.randn(w.shape[1], dtype=torch.bfloat16) for w in weights}
-    contestants = {
-        "torch.mv": lambda: [torch.mv(w, xs[w.shape[1]]) for w in weights],
-        "speclite gemv_bf16": lambda: [cpu_gemv.gemv_bf16(xs[w.shape[1]], w) for w in weights],
-    }
+    xs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=torch.bfloat16) for w in weights}
+    contestants = {"torch.mv": lambda: [torch.mv(w, xs[w.shape[1]][0]) for w in weights]}
+    if cpu_gemv.available():
+        contestants["speclite avx512 bf16"] = lambda: [cpu_gemv.gemm_bf16(xs[w.shape[1]], w) for w in weights]
+    if cpu_gemm.available():
+        contestants["speclite avx2 bf16"] = lambda: [cpu_gemm.half_gemm(xs[w.shape[1]], w) for w in weights]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     times = {name: [] for name in contestants}
     for run in contestants.values():

@@ -19,9 +19,8 @@ import torch
 
 from speclite import hub
 from speclite.bench.runner import sync
-from speclite.engine.loop import Finish, Request, decode
-from speclite.engine.sampling import SamplingParams
-from speclite.engine.stats import RequestStats
+from speclite.engine.loop import Request, decode
+from speclite.sampling import SamplingParams
 from speclite.model import load_model
 from speclite.model.loader import resolve_device, resolve_dtype
 from speclite.synthetic import build_synthetic
@@ -37,7 +36,7 @@ def time_speclite(model, prompt, n, device, static) -> float:
     sync(device)
     start = time.perf_counter()
     with torch.inference_mode():
-        produced = sum(len(c) for c in decode(model, cache, request, RequestStats(), Finish()))
+        produced = sum(len(c) for c in decode(model, cache, request))
     sync(device)
     assert produced == n
     return n / (time.perf_counter() - start)

@@ -100,7 +100,8 @@ def main():
         k, n, ignore_eos = args.k, args.max_new_tokens, bool(args.synthetic)
         configs = [BenchConfig("plain", 0, None), BenchConfig("vanilla", k, None), BenchConfig("deterministic", k, None)]
         models = BenchModels.load(str(target_dir), str(draft_dir), [None], device=device, dtype=dtype)
-        runner = Runner(models, configs, load_prompts(args.prompts), n, ignore_eos=ignore_eos, max_match=args.max_match)
+        runner = Runner(models, configs, load_prompts(args.prompts), n, ignore_eos=ignore_eos,
+                        method_options={"max_match": args.max_match})
         hf_target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).to(device).eval()
         hf_draft = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=dtype).to(device).eval()
         universal = hf_target.config.vocab_size != hf_draft.config.vocab_size

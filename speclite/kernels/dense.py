@@ -1,26 +1,34 @@
-"""The dense linear layer's torch path, with the one-row CPU case as a matrix-vector product.
+"""The dense linear layer: speclite's own CPU kernels where they apply, torch elsewhere.
 
-Measured on this project's 2-core CPU: torch.mv streams bf16 weights ~30-45% faster than the
-general matmul for a single row, and decode at batch 1 is nothing but such rows. For bf16, our own
-AVX-512 BF16 kernel (cpu_gemv) streams them ~9% faster again (benchmarks/cpu_gemv.py).
+On the CPU, bf16/f16 weights go through our kernels for any number of rows (decode, verification,
+prefill): the AVX-512 BF16 one where the CPU has it (cpu_gemv), else the AVX2 one (cpu_gemm,
+weights widened to fp32 in registers). Both compute a row the same way whatever the other rows
+are, so verifying k+1 tokens gives exactly the logits of k+1 single-token steps. Without them, one
+row goes through torch.mv (measured ~30-45% faster than the general matmul for a single row).
 """
 
 import torch
 import torch.nn.functional as F
 
-from speclite.kernels import cpu_gemv
+from speclite.kernels import cpu_gemm, cpu_gemv
+
+HALF = (torch.bfloat16, torch.float16)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if x.dim() == 2 and x.shape[0] == 1 and x.device.type == "cpu":
-        if _own_gemv(x, weight):
-            y = cpu_gemv.gemv_bf16(x[0].contiguous(), weight).to(torch.bfloat16).unsqueeze(0)
-        else:
+    if x.device.type == "cpu" and x.dim() == 2:
+        if _avx512_bf16(x, weight):
+            y = cpu_gemv.gemm_bf16(x.contiguous(), weight).to(x.dtype)
+        elif weight.dtype in HALF and weight.is_contiguous() and cpu_gemm.takes(x):
+            y = cpu_gemm.half_gemm(x, weight)
+        elif x.shape[0] == 1:
             y = torch.mv(weight, x[0]).unsqueeze(0)
+        else:
+            return F.linear(x, weight, bias)
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
 
 
-def _own_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _avx512_bf16(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (x.dtype == weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0
             and weight.is_contiguous() and cpu_gemv.available())

@@ -1,6 +1,6 @@
-// bf16 matrix-vector product for batch-1 decode on x86 CPUs with AVX-512 BF16.
+// bf16 matrix products on x86 CPUs with AVX-512 BF16.
 //
-// y[n] = sum_k w[n, k] * x[k]: vdpbf16ps multiplies bf16 pairs exactly and accumulates in fp32.
+// y[m, n] = sum_k w[n, k] * x[m, k]: vdpbf16ps multiplies bf16 pairs exactly and accumulates in fp32.
 // Four weight rows at a time give four independent accumulation chains. Threads split the rows
 // (OpenMP: torch's own runtime once torch is loaded, so no second thread pool competes for cores).
 //
@@ -46,13 +46,19 @@ void rows(const uint16_t *w, const uint16_t *x, float *y, int n0, int n1, int K)
 
 }  // namespace
 
-extern "C" void speclite_gemv_bf16(const uint16_t *w, const uint16_t *x, float *y, int N, int K, int threads) {
+// y [M, N] = x [M, K] @ w [N, K]^T: each thread's 4-row weight tiles stay in cache while every x
+// row passes over them; row m's arithmetic is the same whatever M is (a row alone equals that row
+// in a batch, bit for bit, as speculative verification needs).
+extern "C" void speclite_gemm_bf16(const uint16_t *w, const uint16_t *x, float *y, int M, int N, int K, int threads) {
     // A static split in whole 4-row tiles: one fork/join per call, no scheduling in between.
     const int tiles = (N + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; t++) {
         int n0 = (int)((int64_t)tiles * t / threads) * 4, n1 = (int)((int64_t)tiles * (t + 1) / threads) * 4;
         if (n1 > N) n1 = N;
-        if (n0 < n1) rows(w, x, y, n0, n1, K);
+        for (int a = n0; a < n1; a += 4) {
+            const int b = a + 4 < n1 ? a + 4 : n1;
+            for (int m = 0; m < M; m++) rows(w, x + (int64_t)m * K, y + (int64_t)m * N, a, b, K);
+        }
     }
 }

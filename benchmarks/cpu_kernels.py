@@ -1,0 +1,74 @@
+"""speclite's CPU kernels next to torch's own CPU ops, per weight format, one row and many rows.
+
+    python benchmarks/cpu_kernels.py --threads 2 --rows 1,128
+
+For each Qwen2.5-0.5B matmul shape (gate/up, down, a quarter of the head) and each row count:
+int4 (group 128) against aten._weight_int4pack_mm_for_cpu, int8 against aten._weight_int8pack_mm,
+bf16 against F.linear, all with bf16 activations. Calls alternate; medians of --repeats. The
+int8 rows compare W8A8 (ours quantizes activations) with torch's weight-only op: the nearest op
+torch has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from speclite.kernels import cpu_gemm
+
+SHAPES = [(4864, 896), (896, 4864), (151936 // 4, 896)]
+
+
+def contestants(n: int, k: int, m: int) -> dict[str, dict[str, callable]]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    groups = k // 128
+    scales, zeros = (torch.rand(groups, n, generator=g) * 0.01).half(), torch.full((groups, n), 8, dtype=torch.uint8)
+    packed = cpu_gemm.pack_int4(q, scales, zeros, 128)
+    int4pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1)
+    sz = torch.stack([scales.float(), torch.zeros(groups, n)], -1).to(torch.bfloat16)
+    w8 = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    w8p, ws = cpu_gemm.pack_int8(w8), torch.rand(n, generator=g) * 0.01
+    wb = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+    return {
+        "int4": {"speclite": lambda: cpu_gemm.int4_gemm(x, packed, k, 128),
+                 "torch": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4pack, 128, sz)},
+        "int8": {"speclite": lambda: cpu_gemm.int8_gemm(x, w8p, ws, k),
+                 "torch": lambda: torch.ops.aten._weight_int8pack_mm(x, w8, ws.bfloat16())},
+        "bf16": {"speclite": lambda: cpu_gemm.half_gemm(x, wb), "torch": lambda: torch.nn.functional.linear(x, wb)},
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="1,128")
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not cpu_gemm.available():
+        raise SystemExit("speclite's AVX2 kernels are not available here (no AVX2 CPU or no C++ compiler)")
+    print(f"{args.threads} threads, median of {args.repeats}, ms per call")
+    print("| shape N x K | rows | format | speclite ms | torch ms | speedup |")
+    print("|---|---|---|---|---|---|")
+    for n, k in SHAPES:
+        for m in map(int, args.rows.split(",")):
+            for fmt, pair in contestants(n, k, m).items():
+                times = {name: [] for name in pair}
+                for f in pair.values():
+                    f()
+                for _ in range(args.repeats):
+                    for name, f in pair.items():
+                        start = time.perf_counter()
+                        f()
+                        times[name].append(time.perf_counter() - start)
+                ours, theirs = (statistics.median(times[name]) * 1e3 for name in ("speclite", "torch"))
+                print(f"| {n} x {k} | {m} | {fmt} | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

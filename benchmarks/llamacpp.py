@@ -1,0 +1,261 @@
+"""speclite next to llama.cpp on the CPU: the same weights, equal bits, interleaved rounds, one run.
+
+    python benchmarks/llamacpp.py --threads 2            # full table (~25 min cold, ~12 min cached)
+    python benchmarks/llamacpp.py --threads 2 --layers 4 # a quick check of the plumbing
+
+llama.cpp is built from the llama-cpp-python sdist (pip download --no-binary, cmake with
+GGML_NATIVE=ON; llama-bench, llama-speculative, llama-quantize) and cached under
+~/.cache/speclite/llamacpp. The model is random weights of Qwen2.5-0.5B's shapes (no download),
+written once as safetensors with the embedded pair's tokenizer; the converter inside the sdist
+(convert_hf_to_gguf.py and its gguf-py) turns it into GGUF f16 and Q8_0, llama-quantize makes Q4_0.
+speclite loads the same directory with `--quant` at load time.
+
+Rows: bf16 vs f16, w8a8 vs Q8_0, int4 vs Q4_0 (group 32, as Q4_0), int4/int4 (head too) vs Q4_0
+(llama-quantize --pure, head too). Decode = tg64 after a 32-token prompt (llama-bench -n 64 -d 32),
+prefill = pp128 (llama-bench -p 128). Then the embedded pair (tiny-code + tiny-code-draft): plain
+decoding and vanilla k=4 against llama-bench and llama-speculative (--draft-max 4) on the pair as
+GGUF f32. Each round runs every contestant once; the median over --rounds is printed, with the CPU
+model, its ISA flags and the measured copy bandwidth. Run it on an idle machine: the numbers are
+only as good as the quiet around them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from speclite import hub
+from speclite.api import LLM
+from speclite.engine.loop import Finish, Request, decode
+from speclite.sampling import SamplingParams
+from speclite.engine.stats import RequestStats
+from speclite.model import load_model
+from speclite.quant import quantize_model
+from speclite.synthetic import build_synthetic
+
+VERSION = "0.3.36"
+CACHE = Path(os.environ.get("SPECLITE_CACHE_DIR", Path.home() / ".cache" / "speclite")) / "llamacpp"
+TARGETS = ["llama-bench", "llama-speculative", "llama-quantize"]
+# (speclite --quant, llama.cpp GGUF) at equal bits; None = the model's own bf16.
+ROWS = [("bf16", None, "f16"), ("w8a8", "w8a8", "q8_0"), ("int4", "int4", "q4_0"), ("int4/int4", "int4/int4", "q4_0-pure")]
+PAIR_PROMPT = "def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n"
+
+
+# ---- llama.cpp: build and convert ----------------------------------------------------------
+
+def llamacpp_source() -> Path:
+    root = CACHE / VERSION
+    source = root / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    if source.exists():
+        return source
+    root.mkdir(parents=True, exist_ok=True)
+    archive = root / f"llama_cpp_python-{VERSION}.tar.gz"
+    if not archive.exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                        f"llama-cpp-python=={VERSION}", "-d", str(root)], check=True)
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
+        tar.extractall(root, members=members, filter="data")
+    return source
+
+
+def build_llamacpp(source: Path) -> Path:
+    build = source / "build"
+    bins = build / "bin"
+    if all((bins / t).exists() for t in TARGETS):
+        return bins
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
+                   check=True, stdout=subprocess.DEVNULL)
+    return bins
+
+
+# The converter refuses tokenizers whose pre-tokenizer hash it does not know (ours is trained
+# here); the benchmark only needs the vocabulary, so it is told the pre-tokenizer is Qwen2's.
+CONVERT = """
+import sys
+sys.path[:0] = [{source!r}, {source!r} + "/gguf-py"]
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+import convert_hf_to_gguf
+sys.argv = ["convert_hf_to_gguf.py", {model!r}, "--outtype", {outtype!r}, "--outfile", {out!r}]
+convert_hf_to_gguf.main()
+"""
+
+
+def gguf(source: Path, bins: Path, model: Path, kind: str) -> Path:
+    out = CACHE / "gguf" / f"{model.name}-{kind}.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        return out
+    if kind.startswith("q4_0"):
+        cmd = [str(bins / "llama-quantize"), *(["--pure"] if kind.endswith("pure") else []),
+               str(gguf(source, bins, model, "f16")), str(out), "q4_0"]
+        subprocess.run(cmd, check=True, capture_output=True)
+        return out
+    code = CONVERT.format(source=str(source), model=str(model), outtype=kind, out=str(out))
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    return out
+
+
+# ---- measurements --------------------------------------------------------------------------
+
+def llama_bench(bins: Path, model: Path, threads: int, mode: str) -> float:
+    args = ["-p", "0", "-n", "64", "-d", "32"] if mode == "decode" else ["-p", "128", "-n", "0"]
+    done = subprocess.run([str(bins / "llama-bench"), "-m", str(model), "-t", str(threads), "-r", "1", "-o", "json",
+                           *args], check=True, capture_output=True, text=True)
+    return float(json.loads(done.stdout)[0]["avg_ts"])
+
+
+def llama_speculative(bins: Path, target: Path, draft: Path, threads: int, k: int, n: int) -> float:
+    done = subprocess.run([str(bins / "llama-speculative"), "-m", str(target), "-md", str(draft), "-p", PAIR_PROMPT,
+                           "-n", str(n), "--draft-max", str(k), "--draft-min", "0", "-t", str(threads), "-td",
+                           str(threads), "--temp", "0", "--top-k", "1", "-c", "512", "--no-warmup"],
+                          capture_output=True, text=True)
+    found = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", done.stderr + done.stdout)
+    if found is None:
+        raise RuntimeError(f"llama-speculative failed: {(done.stderr or done.stdout)[-2000:]}")
+    return float(found.group(1))
+
+
+def speclite_decode(model, prompt: list[int], n: int) -> float:
+    cache = model.new_cache(len(prompt) + n + 8)
+    request = Request(prompt, SamplingParams(max_new_tokens=n, ignore_eos=True))
+    with torch.inference_mode():
+        model(torch.tensor(prompt[:-1]), cache, num_logits=1)  # the prompt, not timed (as -d 32)
+        start = time.perf_counter()
+        produced = sum(len(c) for c in decode(model, cache, request, RequestStats(), Finish()))
+    assert produced == n
+    return n / (time.perf_counter() - start)
+
+
+def speclite_prefill(model, prompt: list[int]) -> float:
+    cache = model.new_cache(len(prompt) + 8)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model(torch.tensor(prompt), cache, num_logits=1)
+    return len(prompt) / (time.perf_counter() - start)
+
+
+def speclite_generate(llm: LLM, n: int) -> float:
+    params = SamplingParams(max_new_tokens=n, ignore_eos=True)
+    start = time.perf_counter()
+    out = llm.generate(PAIR_PROMPT, params)[0]
+    return len(out.token_ids) / (time.perf_counter() - start)
+
+
+# ---- the machine ---------------------------------------------------------------------------
+
+def machine() -> str:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line for line in info.splitlines() if line.startswith("flags")), "").split())
+    isa = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni") if f in flags]
+    a = torch.empty(256 << 20, dtype=torch.uint8).fill_(1)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        b.copy_(a)
+        times.append(time.perf_counter() - start)
+    bandwidth = 2 * a.numel() / min(times) / 1e9  # bytes read + written
+    return f"{name}; ISA {' '.join(isa)}; copy bandwidth {bandwidth:.1f} GB/s (read+write); {os.cpu_count()} CPUs"
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen2.5-0.5B's 24, for a quick run")
+    ap.add_argument("--skip-pair", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    print(f"machine: {machine()}", flush=True)
+    source = llamacpp_source()
+    t0 = time.perf_counter()
+    bins = build_llamacpp(source)
+    print(f"llama.cpp {VERSION} (llama-cpp-python sdist) built in {bins} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    pair_dir = hub.resolve("tiny-code")
+    model_dir = CACHE / f"qwen2.5-0.5b-{args.layers or 'full'}"
+    if not (model_dir / "model.safetensors").exists():
+        build_synthetic("qwen2.5-0.5b", model_dir, layers=args.layers, tokenizer_from=pair_dir)
+    ggufs = {kind: gguf(source, bins, model_dir, kind) for _, _, kind in ROWS}
+    models = {}
+    for label, quant, _ in ROWS:
+        m = load_model(model_dir, device="cpu", dtype=torch.bfloat16)
+        models[label] = quantize_model(m, quant) if quant else m
+    gen = torch.Generator().manual_seed(0)
+    vocab = models["bf16"].args.vocab_size
+    prompt32 = torch.randint(0, vocab, (32,), generator=gen).tolist()
+    prompt128 = torch.randint(0, vocab, (128,), generator=gen).tolist()
+
+    pair = None
+    if not args.skip_pair:
+        draft_dir = hub.resolve("tiny-code-draft")
+        pair = {"target": gguf(source, bins, pair_dir, "f32"), "draft": gguf(source, bins, draft_dir, "f32"),
+                "plain": LLM("tiny-code", device="cpu"),
+                "vanilla": LLM("tiny-code", device="cpu",
+                               speculative_config={"method": "vanilla", "num_speculative_tokens": 4})}
+
+    results: dict[str, list[float]] = {}
+
+    def record(key, value):
+        results.setdefault(key, []).append(value)
+
+    for label in models:  # warm-up: kernel builds, first-touch of weights
+        speclite_decode(models[label], prompt32, 4)
+    for r in range(args.rounds):
+        for label, _, kind in ROWS:
+            record(f"{label}/speclite/decode", speclite_decode(models[label], prompt32, 64))
+            record(f"{label}/llama/decode", llama_bench(bins, ggufs[kind], args.threads, "decode"))
+            record(f"{label}/speclite/prefill", speclite_prefill(models[label], prompt128))
+            record(f"{label}/llama/prefill", llama_bench(bins, ggufs[kind], args.threads, "prefill"))
+        if pair:
+            record("pair/speclite/plain", speclite_generate(pair["plain"], 128))
+            record("pair/llama/plain", llama_bench(bins, pair["target"], args.threads, "decode"))
+            record("pair/speclite/vanilla", speclite_generate(pair["vanilla"], 128))
+            record("pair/llama/vanilla", llama_speculative(bins, pair["target"], pair["draft"], args.threads, 4, 128))
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+
+    m = {key: median(v) for key, v in results.items()}
+    layers = args.layers or 24
+    print(f"\nQwen2.5-0.5B shapes ({layers} layers), random weights, {args.threads} threads, "
+          f"median of {args.rounds} interleaved rounds\n")
+    print("| speclite vs llama.cpp | decode tok/s | llama.cpp | ratio | prefill tok/s | llama.cpp | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for label, _, kind in ROWS:
+        d, ld = m[f"{label}/speclite/decode"], m[f"{label}/llama/decode"]
+        p, lp = m[f"{label}/speclite/prefill"], m[f"{label}/llama/prefill"]
+        print(f"| {label} vs {kind.upper().replace('-PURE', ' (pure)')} | {d:.1f} | {ld:.1f} | {d / ld:.2f} "
+              f"| {p:.0f} | {lp:.0f} | {p / lp:.2f} |")
+    if pair:
+        print("\nembedded pair (tiny-code + tiny-code-draft; speclite bf16, llama.cpp GGUF f32), 128 tokens\n")
+        print("| method | speclite tok/s | llama.cpp tok/s | ratio |")
+        print("|---|---|---|---|")
+        for method, peer in (("plain", "llama-bench tg64 -d 32"), ("vanilla", "llama-speculative --draft-max 4")):
+            s, ll = m[f"pair/speclite/{method}"], m[f"pair/llama/{method}"]
+            print(f"| {method} k={4 if method == 'vanilla' else 0} vs {peer} | {s:.0f} | {ll:.0f} | {s / ll:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

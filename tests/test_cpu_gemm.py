@@ -1,0 +1,202 @@
+"""speclite's AVX2 CPU kernels (int4, int8 W8A8, bf16/f16) against float64 math of the same
+quantization, rows independent of the batch, and the quantized linears wired to them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from speclite.kernels import cpu_gemm, linear
+from speclite.quant.int4 import Int4Weight
+from speclite.quant.linear import Int4Linear, Int8Linear
+
+
+def _cpu_has_avx2() -> bool:
+    try:
+        flags = set(next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")).split())
+    except (OSError, StopIteration):
+        return False
+    return {"avx2", "fma", "f16c"} <= flags
+
+
+needs_kernels = pytest.mark.skipif(not cpu_gemm.available(), reason="no AVX2 CPU or no C++ compiler here")
+SHAPES = [(1, 37, 96), (5, 64, 200), (9, 300, 896), (3, 5, 33), (2, 130, 4864)]
+
+
+def quantize_reference(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' activation quantization in torch float32: per block d = max|x| / 127 and
+    q = round(x * (127 / max|x|)), half to even; returns q [M, K] and d per value [M, K]."""
+    m, k = x.shape
+    kp = -(-k // block) * block
+    xp = torch.nn.functional.pad(x.float(), (0, kp - k)).view(m, -1, block)
+    amax = xp.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(xp * inv)
+    return q.reshape(m, kp)[:, :k], (amax / 127).expand_as(xp).reshape(m, kp)[:, :k]
+
+
+def random_int4(n, k, group, seed):
+    g = torch.Generator().manual_seed(seed)
+    groups = -(-k // group)
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    scales = (torch.rand(groups, n, generator=g) * 0.1 + 0.01).half()
+    zeros = torch.randint(0, 16, (groups, n), dtype=torch.uint8, generator=g)
+    return q, scales, zeros
+
+
+def int4_reference(x, q, scales, zeros, group):
+    xq, dx = quantize_reference(x, 32)
+    gi = torch.arange(q.shape[1]) // group
+    w = (q.double() - zeros.double().t()[:, gi]) * scales.double().t()[:, gi]
+    return (xq.double() * dx.double()) @ w.t()
+
+
+def int8_reference(x, w, scale):
+    xq, dx = quantize_reference(x, x.shape[1])
+    return (xq.double() @ w.double().t()) * dx.double()[:, :1] * scale.double()
+
+
+def close(y, reference, tol=1e-5):
+    return ((y.double() - reference).abs().max() / reference.abs().max()).item() < tol
+
+
+def test_kernels_build_where_the_cpu_and_compiler_allow():
+    if _cpu_has_avx2() and os.environ.get("SPECLITE_CPU_KERNELS", "1") != "0":
+        import shutil
+        if shutil.which("g++"):
+            assert cpu_gemm.available()
+
+
+@needs_kernels
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_int4_equals_float64_math_of_the_same_quantization(m, n, k, group):
+    torch.manual_seed(m * n + k + group)
+    x = torch.randn(m, k)
+    q, scales, zeros = random_int4(n, k, group, seed=k + group)
+    y = cpu_gemm.int4_gemm(x, cpu_gemm.pack_int4(q, scales, zeros, group), k, group)
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    assert close(y, int4_reference(x, q, scales, zeros, group))
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_int8_equals_float64_math_of_the_same_quantization(m, n, k):
+    torch.manual_seed(m + n * k)
+    x = torch.randn(m, k)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    scale = torch.rand(n) * 0.01 + 1e-3
+    y = cpu_gemm.int8_gemm(x, cpu_gemm.pack_int8(w), scale, k)
+    assert close(y, int8_reference(x, w, scale))
+
+
+@needs_kernels
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_half_equals_float64_math(m, n, k, wdtype):
+    torch.manual_seed(m + n + k)
+    x = torch.randn(m, k)
+    w = torch.randn(n, k).to(wdtype)
+    assert close(cpu_gemm.half_gemm(x, w), x.double() @ w.double().t())
+
+
+def _calls(x, n, k):
+    """Each kernel on activations x, weights fixed by (n, k)."""
+    q, scales, zeros = random_int4(n, k, 64, seed=1)
+    packed = cpu_gemm.pack_int4(q, scales, zeros, 64)
+    g = torch.Generator().manual_seed(2)
+    w8 = cpu_gemm.pack_int8(torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g))
+    scale = torch.rand(n, generator=g) * 0.01
+    wh = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    return {"int4": cpu_gemm.int4_gemm(x, packed, k, 64), "int8": cpu_gemm.int8_gemm(x, w8, scale, k),
+            "bf16": cpu_gemm.half_gemm(x, wh)}
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_row_alone_equals_that_row_in_a_batch_bit_for_bit(dtype):
+    torch.manual_seed(3)
+    n, k = 203, 448
+    x = torch.randn(41, k).to(dtype)  # more than one row chunk, rows not a multiple of the tile
+    batch = _calls(x, n, k)
+    for i in (0, 5, 9, 32, 40):
+        alone = _calls(x[i:i + 1], n, k)
+        for name in batch:
+            assert alone[name].dtype == dtype
+            assert torch.equal(alone[name][0], batch[name][i]), (name, i)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = _calls(x[:9], n, k)
+    finally:
+        torch.set_num_threads(threads)
+    for name in batch:  # the thread split does not change the arithmetic either
+        assert torch.equal(single[name], batch[name][:9]), name
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_activations_are_widened_and_outputs_rounded_like_torch(dtype):
+    torch.manual_seed(4)
+    x = torch.randn(3, 200).to(dtype)
+    wide, narrow = _calls(x.float(), 70, 200), _calls(x, 70, 200)
+    for name in wide:
+        assert torch.equal(narrow[name], wide[name].to(dtype)), name
+
+
+@needs_kernels
+def test_int4_linear_runs_the_kernel_with_act_order_groups():
+    torch.manual_seed(5)
+    n, k, group = 48, 256, 64
+    q, scales, zeros = random_int4(n, k, group, seed=2)
+    g_idx = (torch.randperm(k) % (k // group)).to(torch.int32)  # act-order: groups scattered over K
+    layer = Int4Linear(Int4Weight(q, zeros, scales, g_idx, group), None, torch.float32, "cpu")
+    assert layer.path == "cpu_int4"
+    x = torch.randn(2, 3, k)
+    perm = torch.argsort(g_idx.long(), stable=True)
+    xs = x.reshape(-1, k)[:, perm]
+    expected = int4_reference(xs, q[:, perm], scales, zeros, group)
+    assert close(layer(x).reshape(-1, n), expected)
+
+
+@needs_kernels
+def test_int8_linear_quantizes_activations_per_token():
+    torch.manual_seed(6)
+    n, k = 40, 100
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scale = torch.rand(n, 1) * 0.01
+    bias = torch.randn(n)
+    layer = Int8Linear(w, scale, bias, torch.float32, "cpu")
+    assert layer.path == "cpu_w8a8"
+    x = torch.randn(4, k)
+    assert close(layer(x) - bias, int8_reference(x, w, scale.reshape(n)))
+
+
+@needs_kernels
+def test_dense_linear_takes_the_kernel_for_half_weights_and_torch_for_float32():
+    torch.manual_seed(7)
+    w, b = torch.randn(90, 100, dtype=torch.bfloat16), torch.randn(90, dtype=torch.bfloat16)
+    x = torch.randn(5, 100, dtype=torch.bfloat16)
+    assert torch.equal(linear(x, w, b), cpu_gemm.half_gemm(x, w) + b)
+    wf, xf = w.float(), x.float()
+    assert torch.equal(linear(xf, wf), torch.nn.functional.linear(xf, wf))
+
+
+def _paths_in_subprocess(tmp_path, **env) -> list[str]:
+    code = "from speclite.kernels import cpu_gemm, cpu_gemv; print(cpu_gemm.available(), cpu_gemv.available())"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "SPECLITE_CACHE_DIR": str(tmp_path), **env})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+@needs_kernels
+def test_avx2_path_can_be_forced_and_everything_switched_off(tmp_path):
+    assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_ISA="avx2") == ["True", "False"]
+    assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_KERNELS="0") == ["False", "False"]
+    assert _paths_in_subprocess(tmp_path / "b", CXX="false") == ["False", "False"]
