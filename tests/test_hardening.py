@@ -1,0 +1,332 @@
+"""Bad requests, model directories and flags: each one clear line (or an error record naming the field).
+
+The request table runs as one batch on the bundled tiny-code model (bad lines interleaved with good
+ones, which must all still be generated); the model-directory and flag table calls the CLI's
+`main()` in-process, so each case costs no interpreter start-up.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speclite.errors import SpecliteError
+
+ASSETS = Path(__file__).resolve().parents[1] / "speclite" / "assets"
+SURROGATE = "\ud800"
+# A template with the three ways a chat template fails: its own raise_exception on an unknown
+# role, an error inside the template (division by zero) and a sandboxed attribute access.
+RAISING_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'divide' %}{{ 1 / 0 }}"
+    "{%- elif m['role'] == 'sandbox' %}{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    "{%- elif m['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + m['role']) }}"
+    "{%- endif %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def user(content):
+    return [{"role": "user", "content": content}]
+
+
+# (request line, what its error must name). Python's json writes NaN and lone surrogates as
+# JSON accepts them (NaN literal, "\ud800" escape), as an adversarial client would.
+BAD_REQUESTS = [
+    ({"prompt": "a", "seed": 1.5}, "seed must be an integer in [0, 2**63)"),
+    ({"prompt": "a", "seed": "7"}, "seed must be an integer in [0, 2**63)"),
+    ({"prompt": "a", "seed": 2**70}, "seed must be an integer in [0, 2**63)"),
+    ({"prompt": "a", "seed": -1}, "seed must be an integer in [0, 2**63)"),
+    ({"prompt": "a", "seed": True}, "seed must be an integer in [0, 2**63)"),
+    ({"prompt": "a", "top_k": 2.5}, "top_k must be an integer"),
+    ({"prompt": "a", "top_k": -1}, "top_k must be an integer >= 0"),
+    ({"prompt": "a", "stop": 5}, "stop must be"),
+    ({"prompt": "a", "stop": [1, 2]}, "stop must be"),
+    ({"prompt": "a", "stop": ""}, "stop must be a non-empty string"),
+    ({"prompt": "a", "stop": ["ok", SURROGATE]}, "stop holds a lone surrogate"),
+    ({"prompt": "a", "max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ({"prompt": "a", "max_new_tokens": "10"}, "max_new_tokens must be an integer >= 1"),
+    ({"prompt": "a", "max_new_tokens": 2.0}, "max_new_tokens must be an integer >= 1"),
+    ({"prompt": "a", "temperature": -1}, "temperature must be >= 0"),
+    ({"prompt": "a", "temperature": "hot"}, "temperature must be a finite number"),
+    ({"prompt": "a", "temperature": math.nan}, "temperature must be a finite number"),
+    ({"prompt": "a", "top_p": 0}, "top_p must be in (0, 1]"),
+    ({"prompt": "a", "top_p": 1.5}, "top_p must be in (0, 1]"),
+    ({"prompt": "a", "top_p": math.inf}, "top_p must be a finite number"),
+    ({"prompt": "a", "extra_config": {"sp_advice_prompt": 3}}, "extra_config.sp_advice_prompt must be a string"),
+    ({"prompt": "a", "extra_config": {"sp_advice_prompt": "x" + SURROGATE}}, "sp_advice_prompt holds a lone surrogate"),
+    ({"prompt": "a", "extra_config": {"sp_advice_ids": ["a"]}}, "extra_config.sp_advice_ids must be a list"),
+    ({"prompt": "a", "extra_config": {"sp_advice_ids": 7}}, "extra_config.sp_advice_ids must be a list"),
+    ({"prompt": "a", "extra_config": {"sp_advice_ids": [10**9]}}, "sp_advice_ids holds 1000000000, outside the vocabulary"),
+    ({"prompt": "a", "extra_config": {"sp_advice_ids": [1], "sp_advice_prompt": "b"}}, "not both"),
+    ({"prompt": "a", "extra_config": {"sp_edit": 2}}, "extra_config.sp_edit must be 0 or 1"),
+    ({"prompt": "a", "extra_config": "advice"}, "extra_config must be an object"),
+    ({"prompt": "a", "extra_config": {"advice": "x"}}, "unknown extra_config key 'advice'"),
+    ({"prompt": ""}, "prompt must be a non-empty string"),
+    ({"prompt": 42}, "needs a non-empty 'prompt'"),
+    ({"prompt": "x" + SURROGATE}, "prompt holds a lone surrogate"),
+    ({"id": "q" + SURROGATE, "prompt": "a"}, "id holds a lone surrogate"),
+    ({"id": [1], "prompt": "a"}, "id must be a string or an integer"),
+    ({"messages": []}, "needs a non-empty 'prompt'"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content must be a string"),
+    ({"messages": ["hi"]}, "messages[0] must be an object"),
+    ({"messages": [{"role": "user", "content": "a" + SURROGATE}]}, "messages[0].content holds a lone surrogate"),
+    ({"prompt": "a", "messages": user("b")}, "either 'prompt' or 'messages'"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "chat template of"),
+    ({"messages": [{"role": "divide", "content": "hi"}]}, "chat template of"),
+    ({"messages": [{"role": "sandbox", "content": "hi"}]}, "chat template of"),
+    ({"prompt": "def f(x): " * 200}, "does not fit the context of 64 tokens"),
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "a request must be a JSON object"),
+]
+GOOD = [{"prompt": "def add(a, b):"}, {"messages": user("hi")}, {"prompt": "import os", "stop": ["\n\n"], "seed": 3},
+        {"prompt": "for i in", "extra_config": {"sp_advice_prompt": "range(10):", "sp_edit": 1}}]
+
+
+def cli_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "SPECLITE_DEBUG"}
+    return {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
+
+
+def run_cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "speclite.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env=cli_env(), **kw)
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory):
+    """tiny-code with a chat template that raises (weights shared by a link)."""
+    root = tmp_path_factory.mktemp("templated") / "tiny-code"
+    copy_model(ASSETS / "tiny-code", root)
+    (root / "chat_template.jinja").write_text(RAISING_TEMPLATE)
+    return root
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            (dst / f.name).symlink_to(f)
+        else:
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+def test_every_bad_request_line_is_an_error_record_and_the_rest_is_generated(tmp_path, templated):
+    assert len(BAD_REQUESTS) >= 40
+    lines, expect = [], {}
+    for i, (bad, message) in enumerate(BAD_REQUESTS):
+        if isinstance(bad, dict):
+            bad = json.dumps({"id": f"bad{i}", **bad} if "id" not in bad else bad)
+        lines.append(bad)
+        expect[len(lines)] = message
+        lines.append(json.dumps({"id": f"good{i}", **GOOD[i % len(GOOD)]}))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    r = run_cli("generate", "--model", templated, "-i", inp, "-o", out, "--max-new-tokens", 3, "--max-model-len", 64,
+                "--sp-type", "deterministic")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(records) == len(lines)
+    for number, (line, record) in enumerate(zip(lines, records), start=1):
+        if number in expect:
+            assert "text" not in record, line
+            assert record["error"].startswith(f"line {number}: ") or record["error"].startswith(f"line {number} ")
+            assert expect[number] in record["error"], (line, record["error"])
+            assert len(record["error"].splitlines()) == 1 and "Traceback" not in record["error"]
+        else:
+            assert "error" not in record and record["token_ids"], (line, record)
+    # Keyed by the id when the id is valid, by the line number when it is not.
+    assert records[0]["id"] == "bad0" and "line" in records[lines.index(json.dumps(
+        {"id": "q" + SURROGATE, "prompt": "a"}))]
+
+
+@pytest.mark.parametrize("bad, message", [b for b in BAD_REQUESTS if isinstance(b[0], dict)
+                                          and "chat template" not in b[1] and "context" not in b[1]
+                                          and "vocabulary" not in b[1]])
+def test_the_same_validation_answers_the_api(bad, message):
+    """parse_request (what batch and the server call) gives the same field-naming message."""
+    from speclite.request import parse_request
+
+    with pytest.raises(SpecliteError, match="^line 9: ") as e:
+        parse_request(bad, where="line 9")
+    assert message in str(e.value)
+
+
+def test_llm_calls_validate_params_messages_and_advice():
+    from speclite import LLM, SamplingParams
+
+    with pytest.raises(SpecliteError, match=r"seed must be an integer in \[0, 2\*\*63\)"):
+        SamplingParams(seed=1.5)
+    with pytest.raises(SpecliteError, match="top_k must be an integer"):
+        SamplingParams(top_k=2.5)
+    llm = LLM(ASSETS / "tiny-code")
+    params = SamplingParams(max_new_tokens=2)
+    with pytest.raises(SpecliteError, match="messages\\[0\\].content must be a string"):
+        llm.generate([{"role": "user", "content": 3}], params)
+    with pytest.raises(SpecliteError, match="outside the vocabulary of"):
+        llm.generate("a", params, {"sp_advice_ids": [llm.target.args.vocab_size]})
+    assert llm.generate("a", params)[0].token_ids  # still usable after refusing
+
+
+# ----------------------------------------------------------------------------------------------
+# Model directories and flags: exit code, exactly one stderr line, no traceback.
+
+def edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps(change(data)))
+
+
+def cfg(**fields):
+    return lambda d: {**d, **fields}
+
+
+def without(name):
+    return lambda d: {k: v for k, v in d.items() if k != name}
+
+
+def truncate_weights(model: Path) -> None:
+    target = (model / "model.safetensors").resolve()
+    (model / "model.safetensors").unlink()
+    (model / "model.safetensors").write_bytes(target.read_bytes()[: 200_000])
+
+
+def make_dir_case(root: Path, name: str, edit) -> Path:
+    model = copy_model(ASSETS / "tiny-code", root / name)
+    if callable(edit):
+        edit(model)
+    return model
+
+
+def index_with_list(model: Path) -> None:
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.safetensors"]}))
+
+
+def config_dir(model: Path) -> None:
+    (model / "config.json").unlink()
+    (model / "config.json").mkdir()
+
+
+# (name, how to break a copy of tiny-code, extra flags, exit code, what the one line says)
+BAD_DIRS = [
+    ("config-list", lambda m: (m / "config.json").write_text("[1, 2]"), [], "must hold a JSON object, not a list"),
+    ("config-dir", config_dir, [], "is a directory, not a JSON file"),
+    ("config-not-json", lambda m: (m / "config.json").write_text("{"), [], "is not valid JSON"),
+    ("no-heads", lambda m: edit_json(m / "config.json", without("num_attention_heads")), [], "lacks 'num_attention_heads'"),
+    ("zero-heads", lambda m: edit_json(m / "config.json", cfg(num_attention_heads=0)), [],
+     "'num_attention_heads' must be a positive integer, got 0"),
+    ("hidden-string", lambda m: edit_json(m / "config.json", cfg(hidden_size="256")), [],
+     "'hidden_size' must be a positive integer, got '256'"),
+    ("layers-float", lambda m: edit_json(m / "config.json", cfg(num_hidden_layers=1.5)), [],
+     "'num_hidden_layers' must be a positive integer"),
+    ("kv-heads", lambda m: edit_json(m / "config.json", cfg(num_key_value_heads=3)), [],
+     "must be a multiple of num_key_value_heads"),
+    ("eps-negative", lambda m: edit_json(m / "config.json", cfg(rms_norm_eps=-1)), [], "'rms_norm_eps' must be a positive"),
+    ("rope-no-factor", lambda m: edit_json(m / "config.json", cfg(rope_parameters={"rope_type": "linear", "rope_theta": 1e4})),
+     [], "RoPE scaling 'linear' needs 'factor'"),
+    ("rope-llama3", lambda m: edit_json(m / "config.json", cfg(rope_parameters={"rope_type": "llama3", "factor": 8.0})),
+     [], "RoPE scaling 'llama3' needs 'low_freq_factor'"),
+    ("rope-list", lambda m: edit_json(m / "config.json", cfg(rope_scaling=[1])), [], "'rope_scaling' must be an object"),
+    ("architecture", lambda m: edit_json(m / "config.json", cfg(architectures=["GPT2LMHeadModel"])), [],
+     "unsupported architecture 'GPT2LMHeadModel'"),
+    ("gen-config", lambda m: (m / "generation_config.json").write_text("eos: 2"), [], "generation_config.json is not valid JSON"),
+    ("gen-eos", lambda m: edit_json(m / "generation_config.json", cfg(eos_token_id="2")), [], "'eos_token_id' must be"),
+    ("index-list", index_with_list, [], "'weight_map' must be an object"),
+    ("tokenizer-structure", lambda m: edit_json(m / "tokenizer.json", cfg(model=[1, 2])), [], "is not a tokenizers file"),
+    ("tokenizer-not-json", lambda m: (m / "tokenizer.json").write_text("{"), [], "tokenizer.json is not valid JSON"),
+    ("vocab-smaller", lambda m: edit_json(m / "config.json", cfg(vocab_size=1000)), [],
+     "its tokenizer has 4096 tokens but the embedding table only 1000 rows"),
+    ("embedding-shape", lambda m: edit_json(m / "config.json", cfg(vocab_size=5000)), [],
+     "'model.embed_tokens.weight' has shape (4096, 256), but config.json"),
+    ("truncated-weights", truncate_weights, [], "is corrupt or truncated"),
+    ("kv-too-big", lambda m: edit_json(m / "config.json", cfg(max_position_embeddings=2**40)),
+     ["--max-model-len", 2**36], "use a smaller --max-model-len or a quant scheme"),
+    ("context", None, ["--max-model-len", 10**6], "--max-model-len 1000000 exceeds the model's context of 2048"),
+    ("max-model-len", None, ["--max-model-len", 1], "--max-model-len must be at least 2 tokens"),
+]
+
+
+def draft_too_small(root: Path) -> Path:
+    draft = copy_model(ASSETS / "tiny-code-draft", root / "small-draft")
+    edit_json(draft / "config.json", cfg(vocab_size=1024))
+    return draft
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cases")
+    inp = root / "in.jsonl"
+    inp.write_text(json.dumps({"id": 1, "prompt": "def"}) + "\n")
+    (root / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
+    return root, inp
+
+
+def run_main(monkeypatch, capsys, args):
+    from speclite.cli import main
+
+    monkeypatch.delenv("SPECLITE_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["speclite", *map(str, args)])
+    with pytest.raises(SystemExit) as e:
+        main()
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, edit, flags, message", BAD_DIRS, ids=[c[0] for c in BAD_DIRS])
+def test_bad_model_directory_is_one_line(monkeypatch, capsys, files, name, edit, flags, message):
+    root, inp = files
+    model = make_dir_case(root, name, edit) if edit else ASSETS / "tiny-code"
+    code, err = run_main(monkeypatch, capsys, ["generate", "--model", model, "-i", inp, "-o", root / f"{name}.jsonl",
+                                               *flags])
+    assert code == 1
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and message in err, err
+
+
+def flag_cases(root, inp):
+    base = ["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", root / "flags.jsonl"]
+    return [
+        (base + ["--sp-type", "vanilla", "--draft", draft_too_small(root)], 1, "embedding table only 1024 rows"),
+        (base + ["--seed", "-1"], 1, "seed must be an integer in [0, 2**63)"),
+        (base + ["--top-p", "2"], 1, "top_p must be in (0, 1]"),
+        (base + ["--max-new-tokens", "abc"], 2, "'abc' is not a valid integer"),
+        (base + ["--nope"], 2, "No such option"),
+        (base + ["--sp-type", "vanilla", "--gen-num-per-cycle", "99"], 1, "between 0 and 64"),
+        (["generate", "--model", ASSETS / "tiny-code", "-i", root / "latin1.jsonl", "-o", root / "o.jsonl"], 1,
+         "cannot read the input file"),
+        (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", root], 1, "cannot write the output file"),
+    ]
+
+
+def test_bad_flags_and_drafts_are_one_line(monkeypatch, capsys, files):
+    root, inp = files
+    for args, want_code, message in flag_cases(root, inp):
+        code, err = run_main(monkeypatch, capsys, args)
+        assert code == want_code, (args, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (args, err)
+        assert message in err, (args, err)
+
+
+def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys, files):
+    root, inp = files
+    import speclite.batch
+
+    def broken(*a, **k):
+        raise ValueError("something nobody planned for")
+
+    monkeypatch.setattr(speclite.batch, "parse_jobs", broken)
+    args = ["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", root / "x.jsonl"]
+    code, err = run_main(monkeypatch, capsys, args)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "internal error (ValueError: something nobody planned for)" in err and "--debug" in err
+    try:
+        code, err = run_main(monkeypatch, capsys, ["--debug", *args])
+    finally:
+        os.environ.pop("SPECLITE_DEBUG", None)  # --debug sets it for main(); monkeypatch did not
+    assert code == 1 and "Traceback" in err and "raise ValueError" in err
+    assert err.strip().splitlines()[-1].startswith("error: internal error")
