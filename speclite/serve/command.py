@@ -1,0 +1,51 @@
+"""`speclite serve`: flags -> LLM -> the OpenAI-compatible app on uvicorn (or the equivalent vLLM/SGLang command)."""
+
+from __future__ import annotations
+
+import click
+
+from speclite.cli_options import build_llm, console, model_options, sampling_options, sampling_params, spec_options
+from speclite.errors import SpecliteError
+
+
+@click.command()
+@model_options
+@spec_options
+@sampling_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it to the network).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="SPECLITE_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 (also SPECLITE_API_KEY).")
+@click.option("--served-model-name", default=None, help="Model id in the API (default: --model as given).")
+@click.option("--max-queue", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests that may wait for the engine; more are answered 429.")
+@click.option("--print-engine-command", type=click.Choice(["vllm", "sglang"]), default=None,
+              help="Print the equivalent vLLM or SGLang launch command and exit.")
+@click.pass_context
+def serve(ctx, host, port, api_key, served_model_name, max_queue, print_engine_command,
+          max_new_tokens, temperature, top_p, top_k, seed, **flags):
+    """Serve a model over the OpenAI API, one request at a time; sampling flags are per-request defaults."""
+    if print_engine_command:
+        from speclite.serve.engine_command import engine_command
+
+        click.echo(engine_command(print_engine_command, ctx.obj.get("models_file"), host=host, port=port,
+                                  api_key=api_key, served_model_name=served_model_name, **flags))
+        return
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise SpecliteError(f"speclite serve needs the 'serve' extra ({e.name} is missing): "
+                            "pip install 'speclite[serve]'") from None
+    from speclite.serve.app import create_app
+
+    defaults = sampling_params(max_new_tokens, temperature, top_p, top_k, seed)
+    llm = build_llm(ctx, **flags)
+    name = served_model_name or llm.model_name
+    app = create_app(llm, name, api_key, max_queue, defaults)
+    err = console(stderr=True)
+    err.print(f"loaded: {llm.describe()}", markup=False)
+    err.print(f"serving '{name}' at http://{host}:{port}/v1 (queue {max_queue}"
+              + (", API key required)" if api_key else ")"), markup=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,91 @@
+"""One engine, one request at a time: a bounded queue in front of the thread that runs the LLM."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from speclite.errors import SpecliteError
+from speclite.serve.metrics import Metrics
+from speclite.serve.protocol import ApiError, ApiRequest
+
+
+@dataclass
+class Job:
+    """One request's handle: events flow from the engine thread to the request's event loop."""
+
+    request: ApiRequest
+    loop: asyncio.AbstractEventLoop
+    # ("chunk", Chunk) per iteration, then ("done", RequestOutput) or ("error", exception)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, kind: str, value) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+    def cancel(self) -> None:
+        """The client is gone: the engine stops this request after its current iteration."""
+        self.cancelled.set()
+
+
+class EngineWorker:
+    """Runs queued jobs on one thread, in arrival order; at most `max_queue` wait behind the running one."""
+
+    def __init__(self, llm, max_queue: int, metrics: Metrics):
+        self.llm, self.metrics = llm, metrics
+        self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
+        self.running = 0
+        self.thread = threading.Thread(target=self._run, name="speclite-engine", daemon=True)
+        self.thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self.jobs.qsize()
+
+    def submit(self, request: ApiRequest) -> Job:
+        job = Job(request, asyncio.get_running_loop())
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            self.metrics.count("rejected")
+            raise ApiError(f"the server is busy: {self.jobs.maxsize} requests are already waiting; retry shortly",
+                           status=429, kind="rate_limit_error", headers={"Retry-After": "1"}) from None
+        return job
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job.cancelled.is_set():  # its client left while it waited: end its handler, run nothing
+                self.metrics.count("cancelled")
+                job.emit("error", ApiError("the client went away", 499))
+                continue
+            self.running = 1
+            try:
+                self._generate(job)
+            finally:
+                self.running = 0
+
+    def _generate(self, job: Job) -> None:
+        req, result = job.request, []
+        try:
+            chunks = self.llm.stream(req.prompt, req.params, req.extra, result)
+            try:
+                for chunk in chunks:
+                    if job.cancelled.is_set():
+                        break
+                    job.emit("chunk", chunk)
+            finally:
+                chunks.close()  # the engine's bookkeeping (cached prefix, stats) for a stopped request
+        except SpecliteError as e:  # the request cannot run (e.g. longer than the context): a 400
+            self.metrics.count("invalid")
+            job.emit("error", ApiError(str(e)))
+            return
+        except Exception as e:  # a bug or out of memory: this request fails, the server goes on
+            self.metrics.count("failed")
+            job.emit("error", ApiError(f"generation failed: {type(e).__name__}: {e}", status=500,
+                                       kind="server_error"))
+            return
+        self.metrics.finished(result[0], cancelled=job.cancelled.is_set())
+        job.emit("done", result[0])
