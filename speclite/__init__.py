@@ -2,7 +2,7 @@
 
 from speclite.api import LLM, SpecConfig
 from speclite.engine.engine import RequestOutput
-from speclite.engine.sampling import SamplingParams
+from speclite.sampling import SamplingParams
 from speclite.errors import SpecliteError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "SpecConfig", "SpecliteError"]

@@ -5,58 +5,54 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from speclite import hub
+from speclite.chat_template import render_chat
 from speclite.engine.engine import Chunk, Engine, RequestOutput
 from speclite.engine.loop import Speculation
-from speclite.engine.sampling import SamplingParams
+from speclite.engine.memory import model_bytes
+from speclite.sampling import SamplingParams
 from speclite.errors import SpecliteError
 from speclite.model import Transformer, load_model
 from speclite.model.loader import resolve_device, resolve_dtype
 from speclite.model.static import StaticDecoder
-from speclite.spec import build_proposer, needs_draft_model, normalize_method
-from speclite.spec.draft_model import DraftModelProposer
-from speclite.spec.schedule import spec_length
-from speclite.spec.verify import get_verifier
+from speclite.model.validate import check_model_files, context_length
+from speclite.request import check_extra_config, check_prompt
+from speclite.speculate import BuildContext, build_proposer, get_method
+from speclite.speculate.registry import NONE, all_options, method_options, normalize_method
+from speclite.speculate.schedule import spec_length
+from speclite.speculate.verify import check_names
 
-ACCEPT_POLICIES = ("normal", "accept_all", "reject_all")
-DEFAULT_CONTEXT = 4096
+# vLLM speculative_config keys every method shares; each method's own keys come from the registry.
+VLLM_KEYS = {"method": "method", "num_speculative_tokens": "k", "model": "draft", "quantization": "draft_quant",
+             "verify": "verify", "accept_policy": "accept_policy"}
 
 
 @dataclass
 class SpecConfig:
-    method: str = "none"  # none, naive, vanilla, deterministic
+    method: str = "none"  # a registered method name or alias (speclite.speculate.registry)
     k: int | str = 4  # drafts per iteration, or "auto"
-    draft: str | None = None  # model for vanilla (alias, repo id or directory)
+    draft: str | None = None  # model (or head) for methods that need one (alias, repo id or directory)
     draft_quant: str | None = None
-    min_match: int = 1  # prompt lookup n-gram bounds
-    max_match: int = 3
     verify: str | None = None  # None: greedy at temperature 0, rejection otherwise
     accept_policy: str = "normal"
+    options: dict = field(default_factory=dict)  # the method's own options by name (registry)
 
     @classmethod
     def from_vllm(cls, config: dict) -> "SpecConfig":
         """A vLLM-style speculative_config dict."""
-        known = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max",
-                 "quantization", "verify", "accept_policy"}
-        unknown = set(config) - known
+        method_keys = {o.vllm: o.name for o in all_options() if o.vllm}
+        unknown = set(config) - set(VLLM_KEYS) - set(method_keys)
         if unknown:
             raise SpecliteError(f"unknown speculative_config keys: {', '.join(sorted(unknown))}")
-        method = config.get("method") or ("vanilla" if config.get("model") else "none")
-        return cls(
-            method=method,
-            k=config.get("num_speculative_tokens", 4),
-            draft=config.get("model"),
-            draft_quant=config.get("quantization"),
-            min_match=config.get("prompt_lookup_min", 1),
-            max_match=config.get("prompt_lookup_max", 3),
-            verify=config.get("verify"),
-            accept_policy=config.get("accept_policy", "normal"),
-        )
+        fields = {VLLM_KEYS[key]: value for key, value in config.items() if key in VLLM_KEYS}
+        fields["method"] = config.get("method") or ("vanilla" if config.get("model") else "none")
+        options = {method_keys[key]: value for key, value in config.items() if key in method_keys}
+        return cls(**fields, options=options)
 
     def validated(self) -> "SpecConfig":
         method = normalize_method(self.method)
@@ -67,18 +63,15 @@ class SpecConfig:
             k = k if k == "auto" else int(k)
         if k != "auto" and not 0 <= k <= 64:
             raise SpecliteError(f"--gen-num-per-cycle must be between 0 and 64, got {k}")
-        if not 1 <= self.min_match <= self.max_match:
-            raise SpecliteError(
-                f"need 1 <= --sp-min-token-match ({self.min_match}) <= --sp-max-token-match ({self.max_match})"
-            )
-        if self.accept_policy not in ACCEPT_POLICIES:
-            raise SpecliteError(f"unknown accept policy '{self.accept_policy}': choose from {', '.join(ACCEPT_POLICIES)}")
-        return replace(self, method=method, k=k)
+        check_names(self.verify, self.accept_policy)
+        options = method_options(method, self.options) if method != NONE else {}
+        return replace(self, method=method, k=k, options=options)
 
 
 def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
+    check_model_files(model_dir)  # malformed JSON files are one line, not a transformers traceback
     try:
         return AutoTokenizer.from_pretrained(str(model_dir))
     except (OSError, ValueError) as e:
@@ -105,8 +98,8 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
         )
 
 
-def _load(model_dir: Path, device, dtype, quant: str | None) -> Transformer:
-    model = load_model(model_dir, device=device, dtype=dtype)
+def _load(model_dir: Path, device, dtype, quant: str | None, max_model_len: int | None = None) -> Transformer:
+    model = load_model(model_dir, device=device, dtype=dtype, max_model_len=max_model_len)
     if quant:
         from speclite.quant import quantize_model
 
@@ -150,63 +143,56 @@ class LLM:
         self.model_name, self.quant = str(model), quant
         self.model_dir = hub.resolve(model, models_file)
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.target = _load(self.model_dir, self.device, self.dtype, quant)
-        context = self.target.args.max_position_embeddings
-        if max_model_len is not None and max_model_len < 2:
-            raise SpecliteError(f"--max-model-len must be at least 2 tokens, got {max_model_len}")
-        self.max_len = min(context, max_model_len or DEFAULT_CONTEXT)
-        if max_model_len and max_model_len > context:
-            raise SpecliteError(f"--max-model-len {max_model_len} exceeds the model's context of {context}")
+        self.target = _load(self.model_dir, self.device, self.dtype, quant, max_model_len)
+        self.max_len = context_length(self.target.args.max_position_embeddings, max_model_len)
         self.draft_name = None
         self.engine = Engine(self.target, self.tokenizer, eos_ids(self.model_dir, self.tokenizer), self.max_len)
         self._speculation = self._build_speculation(models_file)
         self.engine.spec = self._speculation
         if static:
             self.engine.target = StaticDecoder(self.target, self.engine.cache)
-            proposer = self._speculation.proposer if self._speculation else None
-            if isinstance(proposer, DraftModelProposer):
-                proposer.use_static()
+            if self._speculation is not None:
+                self._speculation.proposer.use_static()
 
     def _build_speculation(self, models_file) -> Speculation | None:
         cfg = self.spec_config
-        if cfg.method == "none":
+        if cfg.method == NONE:
             return None
-        draft_model = None
-        if needs_draft_model(cfg.method):
-            draft = cfg.draft or hub.recommended_draft(self.model_name, models_file)
+        method, draft_model, draft_dir = get_method(cfg.method), None, None
+        if method.needs_draft:
+            # models.toml recommends draft *models*; a head (EAGLE-3, ...) must be named.
+            draft = cfg.draft or (hub.recommended_draft(self.model_name, models_file) if method.draft_is_model else None)
             if draft is None:
-                raise SpecliteError(
-                    f"--sp-type {cfg.method} needs --draft: models.toml recommends no draft for '{self.model_name}'"
-                )
-            draft_model = load_draft(draft, self.tokenizer, self.model_name, self.device, self.dtype,
-                                     cfg.draft_quant, models_file)
+                raise SpecliteError(f"--sp-type {cfg.method} needs --draft"
+                                    + (f": models.toml recommends no draft for '{self.model_name}'"
+                                       if method.draft_is_model else ""))
+            if method.draft_is_model:
+                draft_model = load_draft(draft, self.tokenizer, self.model_name, self.device, self.dtype,
+                                         cfg.draft_quant, models_file)
+            else:
+                draft_dir = hub.resolve(draft, models_file)
             self.draft_name = str(draft)
-        proposer = build_proposer(cfg, draft_model, self.max_len, self.target.args.vocab_size)
-        # The verifier depends on the request's temperature: it is picked per request.
-        return Speculation(proposer, None, spec_length(cfg.k, cfg.method), cfg.accept_policy)
+        ctx = BuildContext(cfg.options, self.target, draft_model, self.max_len, draft_dir, cfg.draft_quant)
+        proposer = build_proposer(cfg.method, ctx)
+        # The verifier depends on the request's temperature: the engine picks it per request.
+        return Speculation(proposer, spec_length(cfg.k, method), cfg.verify, cfg.accept_policy)
 
     # -- prompts -----------------------------------------------------------------------------
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Token ids of a raw prompt, or of chat messages rendered with the model's chat template."""
-        if isinstance(prompt, str):
+        if isinstance(check_prompt(prompt), str):
             return self.tokenizer.encode(prompt)
-        if not self.tokenizer.chat_template:
-            raise SpecliteError(f"model '{self.model_name}' has no chat template: pass a plain prompt")
-        text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        text = render_chat(self.tokenizer, prompt, self.model_name)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def extra_config(self, extra_config: dict | None) -> dict:
         """extra_config with sp_advice_prompt tokenized (advice may also come as sp_advice_ids)."""
-        extra = dict(extra_config or {})
+        extra = check_extra_config(extra_config, self.target.args.vocab_size)
         advice = extra.pop("sp_advice_prompt", None)
         if advice:
             extra["sp_advice_ids"] = self.tokenizer.encode(advice, add_special_tokens=False)
         return extra
-
-    def _prepare(self, params: SamplingParams) -> None:
-        if self._speculation is not None:
-            self._speculation.verifier = get_verifier(self.spec_config.verify, params)
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -219,7 +205,6 @@ class LLM:
     ) -> Iterator[Chunk]:
         """Chunks of one prompt's answer as they are verified; the RequestOutput lands in `result`."""
         params = params or SamplingParams()
-        self._prepare(params)
         return self.engine.stream(self.encode(prompt), params, self.extra_config(extra_config), result)
 
     def generate(
@@ -232,7 +217,6 @@ class LLM:
         params = params or SamplingParams()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], dict)):
             prompts = [prompts]
-        self._prepare(params)
         return [self.engine.generate(self.encode(p), params, self.extra_config(extra_config)) for p in prompts]
 
     # -- runtime controls (chat's /k and /sp) --------------------------------------------------
@@ -242,7 +226,18 @@ class LLM:
         if self.engine.spec is None:
             raise SpecliteError("speculation is off: start with --sp-type to set k")
         k = replace(self.spec_config, k=k).validated().k
-        self.engine.spec.length = spec_length(k, self.spec_config.method)
+        self.engine.spec.length = spec_length(k, get_method(self.spec_config.method))
+
+    @property
+    def k_label(self) -> str | None:
+        """Drafts per iteration now ("4", "auto(3)"); None while speculation is off."""
+        return self.engine.spec.length.label if self.engine.spec is not None else None
+
+    def memory(self) -> dict[str, int]:
+        """Resident bytes: target weights and KV cache, and the proposer's own models and caches."""
+        models, caches = self._speculation.proposer.resident() if self._speculation else ([], [])
+        return {"weights": model_bytes(self.target), "kv": self.engine.cache.nbytes(),
+                "draft_weights": sum(model_bytes(m) for m in models), "draft_kv": sum(c.nbytes() for c in caches)}
 
     @property
     def speculation_available(self) -> bool:
@@ -261,7 +256,6 @@ class LLM:
         if self.draft_name:
             parts.append(f"draft {self.draft_name}" + (f" [{spec.draft_quant}]" if spec.draft_quant else ""))
         if self.engine.spec is not None:
-            k = self.engine.spec.length.label
-            parts.append(f"speculation {spec.method} k={k}")
+            parts.append(f"speculation {spec.method} k={self.k_label}")
         parts.append(f"{self.device.type} {str(self.dtype).removeprefix('torch.')}")
         return ", ".join(parts)

@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from speclite.engine.sampling import SamplingParams
+from speclite.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
 from speclite.errors import SpecliteError
-
-# Per-line fields that override the command's sampling flags.
-PER_LINE_PARAMS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+from speclite.request import GenerationRequest, check_id, parse_request
 
 
 @dataclass
 class Job:
     key: str  # json of the id: how finished records are recognised on a re-run
     record: dict  # "id" or "line": what the output line is keyed by
-    prompt: object = None  # a string or a list of chat messages
-    params: SamplingParams | None = None
-    extra: dict = field(default_factory=dict)
+    line: int
+    request: GenerationRequest | None = None
     error: str | None = None
 
 
@@ -77,45 +75,29 @@ def parse_jobs(path: Path, defaults: SamplingParams) -> list[Job]:
     return jobs
 
 
-def request_body(rec: dict) -> tuple[str | list[dict], dict]:
-    """(prompt or chat messages, extra_config) of one JSONL request line; SpecliteError if malformed."""
-    prompt = rec.get("messages", rec.get("prompt"))
-    valid = (isinstance(prompt, str) and prompt) or (isinstance(prompt, list) and prompt and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt))
-    if not valid:
-        raise SpecliteError("needs a non-empty 'prompt' string or 'messages' list of {role, content}")
-    extra = rec.get("extra_config") or {}
-    if not isinstance(extra, dict):
-        raise SpecliteError("extra_config must be an object")
-    return prompt, extra
-
-
 def _parse(number: int, line: str, defaults: SamplingParams) -> Job:
-    def bad(message: str, rec: dict | None = None) -> Job:
-        if rec is not None and "id" in rec:
-            return Job(json.dumps(rec["id"]), {"id": rec["id"]}, error=message)
-        return Job(f"line:{number}", {"line": number}, error=message)
-
+    where = f"line {number}"
     try:
-        rec = json.loads(line)
+        data = json.loads(line)
     except json.JSONDecodeError as e:
-        return bad(f"line {number} is not valid JSON: {e.msg}")
-    if not isinstance(rec, dict):
-        return bad(f"line {number} is not a JSON object")
-    if "id" in rec and not isinstance(rec["id"], (str, int)):
-        return bad(f"line {number}: id must be a string or an integer")
+        return Job(f"line:{number}", {"line": number}, number, error=f"{where} is not valid JSON: {e.msg}")
     try:
-        prompt, extra = request_body(rec)
+        request = parse_request(data, defaults, where)
     except SpecliteError as e:
-        return bad(f"line {number}: {e}", rec)
-    overrides = {k: rec[k] for k in PER_LINE_PARAMS if rec.get(k) is not None}
-    base = {f.name: getattr(defaults, f.name) for f in fields(SamplingParams)}
-    try:
-        params = SamplingParams(**{**base, **overrides})
-    except (SpecliteError, TypeError) as e:
-        return bad(f"line {number}: {e}", rec)
-    record_id = rec.get("id", number)
-    return Job(json.dumps(record_id), {"id": record_id}, prompt, params, extra)
+        return _bad(number, data, str(e))
+    record_id = number if request.id is None else request.id
+    return Job(json.dumps(record_id), {"id": record_id}, number, request)
+
+
+def _bad(number: int, data: object, message: str) -> Job:
+    """An error job, keyed by the line's id when that id is itself valid, else by the line number."""
+    if isinstance(data, dict) and "id" in data:
+        try:
+            check_id(data["id"])
+            return Job(json.dumps(data["id"]), {"id": data["id"]}, number, error=message)
+        except SpecliteError:
+            pass
+    return Job(f"line:{number}", {"line": number}, number, error=message)
 
 
 def run_batch(
@@ -125,7 +107,11 @@ def run_batch(
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[dict], None] | None = None,
 ) -> BatchSummary:
-    """Generate every job not yet recorded in output_path, appending and flushing each result."""
+    """Generate every job not yet recorded in output_path, appending and fsyncing each result.
+
+    A failed write (disk full, the file removed) stops the run with one line; the output then
+    holds only whole records, so running the same command again finishes the rest.
+    """
     check_output_writable(output_path)
     done = finished_keys(output_path)
     summary = BatchSummary(total=len(jobs))
@@ -133,37 +119,90 @@ def run_batch(
     summary.skipped = len(jobs) - len(pending)
     if on_start:
         on_start(len(pending))
-    with open(output_path, "a+", encoding="utf-8") as out:
-        _end_with_newline(out)
+    with ResultWriter(output_path) as out:
         for job in pending:
-            record = dict(job.record)
+            record, stats = dict(job.record), None
             if job.error is None:
-                try:
-                    result = llm.generate(job.prompt, job.params, job.extra)[0]
-                    record.update(text=result.text, token_ids=result.token_ids,
-                                  finish_reason=result.finish_reason, aux_info=result.aux_info)
-                    summary.stats.merge(result.stats)
-                except SpecliteError as e:
-                    record["error"] = str(e)
-                except torch.OutOfMemoryError:
-                    record["error"] = "out of memory: try a shorter max_new_tokens or --quant int4"
+                fields, stats = _generate(llm, job)
+                record.update(fields)
             else:
                 record["error"] = job.error
+            try:
+                out.append(record)
+            except OSError as e:
+                saved = summary.skipped + summary.done + summary.failed
+                kept = "none of this run's results are" if e.errno == errno.ENOENT else f"{saved} of {len(jobs)} results are"
+                raise SpecliteError(
+                    f"cannot write to {output_path} ({e.strerror}): stopped; {kept} safely in it, with no partial "
+                    "record; free space (or restore the path) and run the same command again to finish"
+                ) from None
             summary.failed += "error" in record
             summary.done += "error" not in record
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+            if stats is not None:
+                summary.stats.merge(stats)
             if on_result:
                 on_result(record)
     return summary
 
 
-def _end_with_newline(out) -> None:
-    """A crash may have cut the last line short: start appending on a fresh line."""
-    out.seek(0, os.SEEK_END)
-    if out.tell() == 0:
-        return
-    out.seek(out.tell() - 1)
-    if out.read(1) != "\n":
-        out.write("\n")
+def _generate(llm, job: Job) -> tuple[dict, RequestStats | None]:
+    """The result fields of one request, or an error naming its line."""
+    request = job.request
+    try:
+        result = llm.generate(request.prompt, request.params, request.extra_config)[0]
+    except SpecliteError as e:
+        return {"error": f"line {job.line}: {e}"}, None
+    except torch.OutOfMemoryError:
+        return {"error": f"line {job.line}: out of memory: try a shorter max_new_tokens or --quant int4"}, None
+    fields = dict(text=result.text, token_ids=result.token_ids, finish_reason=result.finish_reason,
+                  aux_info=result.aux_info)
+    return fields, result.stats
+
+
+class ResultWriter:
+    """Appends whole JSONL records: each is written, fsynced, or cut back off the file on failure."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> "ResultWriter":
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            self._drop_cut_last_line()
+        except OSError as e:
+            raise SpecliteError(f"cannot write the output file {self.path}: {e.strerror}") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+    def append(self, record: dict) -> None:
+        """Write and fsync one record; on an OSError the file is cut back to where it was."""
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        start = os.fstat(self.fd).st_size
+        try:
+            if not os.path.exists(self.path) or not os.path.samestat(os.stat(self.path), os.fstat(self.fd)):
+                raise FileNotFoundError(2, "the file was removed or replaced during the run")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+            os.fsync(self.fd)
+        except OSError:
+            try:
+                os.ftruncate(self.fd, start)  # no partial record: the file stays valid JSONL
+            except OSError:
+                pass
+            raise
+
+    def _drop_cut_last_line(self) -> None:
+        """A crash (kill -9) may have cut the last record short: drop it, so its request runs again."""
+        size = os.fstat(self.fd).st_size
+        content = os.pread(self.fd, size, 0)
+        last = content.rfind(b"\n") + 1
+        if last == size:
+            return
+        try:
+            json.loads(content[last:])
+            os.write(self.fd, b"\n")  # a whole record that only lacks its newline
+        except ValueError:
+            os.ftruncate(self.fd, last)

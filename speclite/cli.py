@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -12,15 +14,20 @@ from speclite.chat.command import chat
 from speclite.cli_options import (QUANT_SCHEMES, build_llm, console, model_options, sampling_options,
                                   sampling_params, spec_options)
 from speclite.errors import SpecliteError
+from speclite.serve.command import serve
 
 @click.group()
 @click.option("--models-file", envvar="SPECLITE_MODELS_FILE", type=click.Path(dir_okay=False), default=None,
               help="Extra model aliases (TOML, same format as models.toml).")
+@click.option("--debug", is_flag=True, envvar="SPECLITE_DEBUG",
+              help="Show the full traceback of an error (also SPECLITE_DEBUG=1).")
 @click.version_option(package_name="speclite")
 @click.pass_context
-def cli(ctx, models_file):
+def cli(ctx, models_file, debug):
     """speclite: fast, lossless speculative decoding on one GPU or a CPU."""
     ctx.obj = {"models_file": models_file}
+    if debug:
+        os.environ["SPECLITE_DEBUG"] = "1"  # read by main() once the command has failed
 
 
 @cli.command()
@@ -115,46 +122,68 @@ def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, to
 @click.option("--calib-samples", type=int, default=128, show_default=True)
 @click.option("--seq-len", type=int, default=512, show_default=True)
 @click.option("--output", "-o", "out_dir", required=True, type=click.Path(path_type=Path))
+@click.option("--shard-size", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Largest output shard in MB (memory use grows with it).")
+@click.option("--no-eval", is_flag=True, help="Skip the held-out perplexity of the original and quantized model.")
+@click.option("--verbose", "-v", is_flag=True, help="List every tensor as it is written.")
 @click.pass_context
-def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len, out_dir):
+def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len, out_dir,
+             shard_size, no_eval, verbose):
     """Quantize MODEL into a checkpoint vLLM, SGLang and transformers load."""
     from speclite.hub import resolve
     from speclite.quant import quantize_to_dir
+    from speclite.quant.progress import ConsoleProgress
     from speclite.render import quant_report
 
     model_dir = resolve(model, ctx.obj["models_file"])
-    err = console(stderr=True)
-    report = quantize_to_dir(model_dir, out_dir, scheme, method=method, group_size=group_size, sym=sym,
-                             act_order=act_order, alpha=alpha, calib=calib, calib_samples=calib_samples,
-                             seq_len=seq_len, progress=lambda msg: err.print(f"  {msg}", markup=False))
+    progress = ConsoleProgress(console(stderr=True), verbose)
+    try:
+        report = quantize_to_dir(model_dir, out_dir, scheme, method=method, group_size=group_size, sym=sym,
+                                 act_order=act_order, alpha=alpha, calib=calib, calib_samples=calib_samples,
+                                 seq_len=seq_len, shard_bytes=shard_size * 1024**2, evaluate=not no_eval,
+                                 progress=progress)
+    finally:
+        progress.stop()
     console().print(quant_report(report))
 
 
 cli.add_command(chat)
 cli.add_command(bench)
+cli.add_command(serve)
 
 
 def main():
-    """Entry point: bad input is one line on stderr and a non-zero exit, never a traceback."""
+    """Entry point, and the one place an exception becomes one line on stderr and a non-zero exit."""
     try:
         cli(standalone_mode=False)
-    except SpecliteError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except (KeyboardInterrupt, click.exceptions.Abort):
-        click.echo("interrupted: finished results are saved; run the same command again to resume", err=True)
-        sys.exit(130)
-    except MemoryError:
-        click.echo("error: out of memory: try --quant int4 (or fp8-block on a GPU) or a smaller model", err=True)
-        sys.exit(1)
-    except Exception as e:  # torch.OutOfMemoryError without importing torch here
-        if type(e).__name__ == "OutOfMemoryError":
-            click.echo("error: out of GPU memory: try --quant int4 or fp8-block, or a smaller --max-model-len", err=True)
-            sys.exit(1)
-        raise
+        return
+    except Exception as e:  # noqa: BLE001 - every failure ends here, as one line
+        error, (code, message) = e, _one_line(e)
+    except KeyboardInterrupt as e:
+        error, code, message = e, 130, "interrupted: finished results are saved; run the same command again to resume"
+    if os.environ.get("SPECLITE_DEBUG", "") not in ("", "0"):
+        traceback.print_exception(error)
+    click.echo(message, err=True)
+    sys.exit(code)
+
+
+def _one_line(e: Exception) -> tuple[int, str]:
+    """(exit code, message) for a failure; only an unexpected one points at --debug."""
+    if isinstance(e, SpecliteError):
+        return 1, f"error: {e}"
+    if isinstance(e, click.exceptions.Abort):
+        return 130, "interrupted: finished results are saved; run the same command again to resume"
+    if isinstance(e, click.ClickException):  # bad flags: click's message without the usage block
+        hint = f" (see '{e.ctx.command_path} --help')" if getattr(e, "ctx", None) else ""
+        return e.exit_code, f"error: {e.format_message()}{hint}"
+    text = str(e).splitlines()[0] if str(e) else ""
+    # torch.OutOfMemoryError (CUDA) and the CPU allocator's RuntimeError, without importing torch here.
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in text:
+        return 1, "error: out of memory: try --quant int4 (or fp8-block on a GPU), a smaller --max-model-len or model"
+    if isinstance(e, OSError) and e.strerror:
+        where = f": {e.filename}" if e.filename else ""
+        return 1, f"error: {e.strerror}{where}"
+    return 1, f"error: internal error ({type(e).__name__}: {text}); run with --debug or SPECLITE_DEBUG=1 for the traceback"
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ import click
 
 from speclite.errors import SpecliteError
 
-SP_TYPES = ("none", "naive", "vanilla", "deterministic")
-VERIFIERS = ("greedy", "rejection", "topp", "target_match")
 QUANT_SCHEMES = ("fp8-block", "int4", "w8a8")
 
 
@@ -34,24 +32,40 @@ def model_options(f):
     return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
 
 
+def method_option_flags(f):
+    """One flag per registered method option (e.g. --sp-min-token-match), collected into `method_opts`."""
+    from speclite.speculate.registry import all_options
+
+    options = [click.option(o.cli_flag, f"opt_{o.name}", type=o.type, default=o.default, show_default=True,
+                            help=o.help) for o in all_options()]
+    return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
+
+
+def split_method_options(flags: dict) -> dict:
+    """Pop the method-option flags out of a command's keyword arguments: {option name: value}."""
+    return {name.removeprefix("opt_"): flags.pop(name) for name in list(flags) if name.startswith("opt_")}
+
+
 def spec_options(f):
-    """Speculative decoding flags (RTP-LLM names)."""
+    """Speculative decoding flags (RTP-LLM names); methods, verifiers and policies from the registry."""
+    from speclite.speculate.registry import method_names
+    from speclite.speculate.verify import POLICIES, VERIFIERS
+
     options = [
-        click.option("--sp-type", type=click.Choice(SP_TYPES), default="none", show_default=True,
+        click.option("--sp-type", type=click.Choice(method_names()), default="none", show_default=True,
                      help="Speculation method."),
-        click.option("--draft", default=None, help="Draft model for --sp-type vanilla (default: models.toml's)."),
+        click.option("--draft", default=None, help="Draft model (or head) for the methods that need one "
+                     "(vanilla's default: models.toml's)."),
         click.option("--draft-quant", "--sp-quantization", "draft_quant", default=None,
                      help="Quantize the draft at load time: fp8-block / FP8_PER_BLOCK, int4 / INT4, w8a8 / W8A8, nf4."),
         click.option("--gen-num-per-cycle", "k", default="4", show_default=True,
                      help="Drafts per iteration, or 'auto' to adapt to acceptance and cost."),
-        click.option("--sp-min-token-match", "min_match", type=int, default=1, show_default=True),
-        click.option("--sp-max-token-match", "max_match", type=int, default=3, show_default=True),
-        click.option("--verify", type=click.Choice(VERIFIERS), default=None,
+        click.option("--verify", type=click.Choice(list(VERIFIERS)), default=None,
                      help="Default: greedy at temperature 0, rejection (lossless) otherwise."),
-        click.option("--accept-policy", type=click.Choice(["normal", "accept_all", "reject_all"]), default="normal",
+        click.option("--accept-policy", type=click.Choice(list(POLICIES)), default="normal",
                      show_default=True, help="accept_all / reject_all: for debugging and loop overhead."),
     ]
-    return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
+    return method_option_flags(functools.reduce(lambda acc, opt: opt(acc), reversed(options), f))
 
 
 def sampling_options(f):
@@ -65,22 +79,28 @@ def sampling_options(f):
     return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
 
 
-def build_llm(ctx, model, device, dtype, quant, max_model_len, static, sp_type, draft, draft_quant, k, min_match, max_match,
-              verify, accept_policy):
+def build_llm(ctx, model, device, dtype, quant, max_model_len, static, sp_type, draft, draft_quant, k, verify,
+              accept_policy, **method_opts):
     from speclite.api import LLM, SpecConfig
     from speclite.hub import load_registry
+    from speclite.speculate.registry import NONE, get_method
 
     models_file = ctx.obj.get("models_file")
     if model is None:
         model = load_registry(models_file).default_target
-    if draft is not None and sp_type != "vanilla":
-        raise SpecliteError("--draft is only used with --sp-type vanilla")
-    spec = SpecConfig(sp_type, k, draft, draft_quant, min_match, max_match, verify, accept_policy)
+    method = get_method(sp_type) if sp_type != NONE else None
+    if draft is not None and not (method and method.needs_draft):
+        raise SpecliteError(f"--draft is not used by --sp-type {sp_type}")
+    # Only the chosen method's options: the other methods' flags keep their defaults, unused.
+    own = {o.name for o in method.options} if method else set()
+    options = {name: value for name, value in split_method_options(method_opts).items() if name in own}
+    spec = SpecConfig(method=sp_type, k=k, draft=draft, draft_quant=draft_quant, verify=verify,
+                      accept_policy=accept_policy, options=options)
     return LLM(model, spec, device=device, dtype=dtype, quant=quant, models_file=models_file,
                max_model_len=max_model_len, static=static)
 
 
 def sampling_params(max_new_tokens, temperature, top_p, top_k, seed):
-    from speclite.engine.sampling import SamplingParams
+    from speclite.sampling import SamplingParams
 
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)

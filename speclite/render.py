@@ -26,7 +26,7 @@ def summary_table(stats: RequestStats, title: str) -> Table:
 
 
 def quant_report(report) -> Table:
-    """`speclite quantize`'s closing table: sizes and held-out perplexity before and after."""
+    """`speclite quantize`'s closing table: sizes, speed and held-out perplexity before and after."""
     table = Table(title=f"{report.scheme} ({report.method}) -> {report.out_dir}", title_justify="left")
     table.add_column("")
     table.add_column("original", justify="right")
@@ -34,8 +34,11 @@ def quant_report(report) -> Table:
     table.add_row("weights", f"{report.bytes_before / 1e6:.1f} MB", f"{report.bytes_after / 1e6:.1f} MB")
 
     def ppl(x):
-        return f"{x:.3f}" if x is not None else "n/a (no tokenizer)"
+        return f"{x:.3f}" if x is not None else report.eval_skipped
 
     table.add_row("held-out perplexity", ppl(report.ppl_before), ppl(report.ppl_after))
-    table.add_row("quantized linears", "", f"{report.quantized_linears} in {report.seconds:.1f} s")
+    speed = report.bytes_before / 1e6 / max(report.quantize_seconds, 1e-9)
+    table.add_row("quantized linears", "", f"{report.quantized_linears} in {report.quantize_seconds:.1f} s "
+                  f"({speed:.0f} MB/s)")
+    table.add_row("total time", "", f"{report.seconds:.1f} s")
     return table

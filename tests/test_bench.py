@@ -157,7 +157,7 @@ def test_cli_prints_one_line_not_a_traceback():
 
 
 def test_prompt_sets(tmp_path):
-    assert set(WORKLOADS) == {"code", "json", "summarise", "edit", "chat"}
+    assert set(WORKLOADS) == {"code", "json", "summarise", "edit", "chat", "repeat"}
     for w in WORKLOADS:
         assert len(load_prompts(f"builtin:{w}")) >= 3
     assert all(p.extra.get("sp_advice_prompt") and p.extra.get("sp_edit") == 1 for p in load_prompts("builtin:edit"))

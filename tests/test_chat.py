@@ -6,11 +6,12 @@ import json
 
 import pytest
 from rich.console import Console
+from target_steps import StepSizes
 
 from speclite.api import LLM, SpecConfig
 from speclite.chat.session import Session
 from speclite.chat.view import Setup, stats_line, stats_panel
-from speclite.engine.sampling import SamplingParams
+from speclite.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
 from speclite.errors import SpecliteError
 
@@ -18,7 +19,7 @@ from speclite.errors import SpecliteError
 @pytest.fixture(scope="module")
 def llm(pair):
     target, draft = pair
-    return LLM(target, SpecConfig("vanilla", 4, draft))
+    return LLM(target, SpecConfig(method="vanilla", k=4, draft=draft))
 
 
 @pytest.fixture
@@ -46,7 +47,8 @@ def test_second_turn_prefills_only_the_new_tokens(session, llm):
     first_prompt = llm.encode(session.messages[:-1])
     second_prompt = llm.encode(session.messages + [{"role": "user", "content": "and now?"}])
     new_tokens = len(second_prompt) - len(first_prompt)  # the first answer and the new user turn
-    target_sizes, h1 = forward_sizes(llm.target)
+    h1 = StepSizes(llm.target)
+    target_sizes = h1.sizes
     draft_sizes, h2 = forward_sizes(llm.engine.spec.proposer.model)
     try:
         answer(session, "and now?")

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from speclite import LLM, SamplingParams
-from speclite.engine.sampling import sample, warp
+from speclite.sampling import sample, warp
 
 PROMPTS = ["def add(a, b):", "the quick brown", "import os\nimport sys\n", '{"id": 1, "name":']
 

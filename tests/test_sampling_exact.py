@@ -11,13 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from speclite.engine.loop import Finish, Request, Speculation, decode
-from speclite.engine.sampling import SamplingParams, warp
-from speclite.engine.stats import RequestStats
+from speclite.engine.loop import Request, Speculation, decode
+from speclite.sampling import SamplingParams, warp
 from speclite.model import load_model
-from speclite.spec import verify
-from speclite.spec.draft_model import DraftModelProposer
-from speclite.spec.schedule import SpecLength
+from speclite.speculate import verify
+from speclite.speculate.draft_model import DraftModelProposer
+from speclite.speculate.schedule import SpecLength
 
 VOCAB, PROMPT, SAMPLES = 8, [1, 5, 2, 7], 2500
 
@@ -58,22 +57,25 @@ def exact_distributions(target, params) -> tuple[torch.Tensor, torch.Tensor]:
     return joint, third
 
 
-def sampled_counts(target, draft, params) -> tuple[torch.Tensor, torch.Tensor, float]:
+def sampled_counts(target, proposer, params) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Counts of the first two tokens (joint) and the third over SAMPLES seeded requests, speculating
+    with `proposer` under rejection sampling; plus the drafts accepted and proposed."""
     pairs = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     thirds = torch.zeros(VOCAB, dtype=torch.float64)
     cache = target.new_cache(16)
-    spec = Speculation(DraftModelProposer(draft, 16, VOCAB), verify.rejection, SpecLength(2))
+    spec = Speculation(proposer, SpecLength(2), "rejection")
     accepted = proposed = 0
     for i in range(SAMPLES):
         request = Request(PROMPT, SamplingParams(max_new_tokens=3, temperature=params.temperature,
                                                  top_k=params.top_k, top_p=params.top_p, seed=1000 + i))
-        stats = RequestStats()
         with torch.inference_mode():
-            out = [t for chunk in decode(target, cache, request, stats, Finish(), spec) for t in chunk]
+            run = decode(target, cache, request, spec)
+            out = [t for chunk in run for t in chunk]
+        stats = run.stats
         pairs[out[0], out[1]] += 1
         thirds[out[2]] += 1
         accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
-    return pairs, thirds, accepted / proposed
+    return pairs, thirds, accepted, proposed
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -102,7 +104,8 @@ SETTINGS = {
 def test_rejection_sampling_matches_target_distribution(models, name):
     target, draft = models
     params = SETTINGS[name]
-    pairs, thirds, accept_rate = sampled_counts(target, draft, params)
+    pairs, thirds, accepted, proposed = sampled_counts(target, DraftModelProposer(draft, 16, VOCAB), params)
+    accept_rate = accepted / proposed
     assert 0.1 < accept_rate < 0.8, accept_rate  # the draft disagrees often, yet not always
     joint, third = exact_distributions(target, params)
     # Seeds are fixed, so this is deterministic; a correct sampler fails each with probability 1e-4.
@@ -115,5 +118,5 @@ def test_unwarped_target_distribution_is_detected(models, monkeypatch):
     target, draft = models
     params = SETTINGS["top-k 3, temperature 0.8"]
     monkeypatch.setattr(verify, "warp", lambda logits, p: torch.softmax(logits.float(), dim=-1))
-    pairs, _, _ = sampled_counts(target, draft, params)
+    pairs, _, _, _ = sampled_counts(target, DraftModelProposer(draft, 16, VOCAB), params)
     assert chi_square_pvalue(pairs, exact_distributions(target, params)[0]) < 1e-6

@@ -155,3 +155,15 @@ def test_engine_reset_forgets_the_draft_prefix_too(pair, plain_outputs):
     llm.engine.reset()
     assert llm.engine.cache.length == 0 and proposer.cache.length == 0 and proposer.tokens == []
     assert llm.generate(PROMPTS[0], GREEDY)[0].token_ids == plain_outputs[PROMPTS[0]]
+
+
+def test_adaptive_k_keeps_its_k_on_every_request_of_a_batch(pair, plain_outputs):
+    """k adapts to each iteration's own timings: a later request does not inherit the previous
+    request's totals (which once drove k to 0 from the second request on)."""
+    llm = spec_llm(pair, "deterministic", "auto")
+    for prompt in PROMPTS[:4]:
+        # The advice is the answer itself: free drafts, all accepted; k must stay high throughout.
+        out = llm.generate(prompt, GREEDY, {"sp_advice_ids": plain_outputs[prompt], "sp_edit": 1})[0]
+        assert out.token_ids == plain_outputs[prompt]
+        assert out.aux_info["avg_tokens_per_iter"] >= 4, (prompt, out.aux_info)
+        assert llm.engine.spec.length.k >= 4

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import click
 
-from speclite.cli_options import console
+from speclite.bench.prompts import WORKLOADS
+from speclite.cli_options import console, method_option_flags, split_method_options
+from speclite.speculate import METHODS
+from speclite.speculate.verify import POLICIES
 from speclite.errors import SpecliteError
 
 
@@ -24,18 +27,16 @@ def _check_writable(path: Path | None, flag: str) -> None:
 @click.option("--model", "-m", default=None, help="Target: alias, org/name repo id, or local directory.")
 @click.option("--draft", default=None, help="Draft for vanilla (default: models.toml's recommendation).")
 @click.option("--sp-type", "sp_types", default=None,
-              help="Comma list of methods (naive, vanilla, deterministic). Default: all that apply.")
+              help=f"Comma list of methods ({', '.join(METHODS)}). Default: all that apply.")
 @click.option("--k", "ks", default="4", show_default=True, help="Comma list of drafts per iteration, or auto.")
 @click.option("--quant", "quants", default=None, help="Comma list of target quant schemes (none, int4, w8a8, fp8-block, nf4; BODY/HEAD such as int4/w8a8).")
 @click.option("--draft-quant", default=None, help="Quantize the draft at load time.")
-@click.option("--accept-policy", type=click.Choice(["normal", "accept_all", "reject_all"]), default="normal",
+@click.option("--accept-policy", type=click.Choice(list(POLICIES)), default="normal",
               show_default=True, help="accept_all: k+1 tokens per iteration by construction (loop overhead).")
 @click.option("--prompts", default="builtin", show_default=True,
-              help="builtin, builtin:code,json,summarise,edit,chat, or a JSONL file.")
+              help=f"builtin, builtin:{','.join(WORKLOADS)} (one or several), or a JSONL file.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Interleaved repeats; the median is reported.")
-@click.option("--sp-min-token-match", "min_match", type=int, default=1, show_default=True)
-@click.option("--sp-max-token-match", "max_match", type=int, default=3, show_default=True)
 @click.option("--ignore-eos", is_flag=True, help="Always generate --max-new-tokens (on for --synthetic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
@@ -49,6 +50,7 @@ def _check_writable(path: Path | None, flag: str) -> None:
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write every raw figure here.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="PNG: speedup vs k, acceptance per position (needs matplotlib).")
+@method_option_flags
 @click.pass_context
 def bench(ctx, json_path, plot_path, **flags):
     """Plain vs speculative tokens/s on the same prompts, in one process, interleaved."""
@@ -62,7 +64,7 @@ def bench(ctx, json_path, plot_path, **flags):
         quants=flags["quants"], draft_quant=flags["draft_quant"], accept_policy=flags["accept_policy"],
         prompts=flags["prompts"], max_new_tokens=flags["max_new_tokens"], repeats=flags["repeats"],
         device=flags["device"], dtype=flags["dtype"], max_model_len=flags["max_model_len"],
-        min_match=flags["min_match"], max_match=flags["max_match"], ignore_eos=flags["ignore_eos"],
+        method_options=split_method_options(flags), ignore_eos=flags["ignore_eos"],
         synthetic=flags["synthetic"], synthetic_draft=flags["synthetic_draft"], layers=flags["layers"],
         draft_layers=flags["draft_layers"], threads=flags["threads"], static=flags["static"], models_file=(ctx.obj or {}).get("models_file"),
     )

@@ -15,17 +15,6 @@ import sys
 import torch
 
 
-def model_bytes(model: torch.nn.Module) -> int:
-    """Bytes of parameters and buffers, each storage once (tied embeddings are one tensor)."""
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        key = t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
-
-
 def process_peak_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB

@@ -20,8 +20,8 @@ import torch
 
 from speclite.bench.runner import Runner, sync
 from speclite.bench.sweep import BenchConfig
-from speclite.engine.sampling import SamplingParams
-from speclite.spec.draft_model import DraftModelProposer
+from speclite.sampling import SamplingParams
+from speclite.speculate.draft_model import DraftModelProposer
 
 
 @dataclass

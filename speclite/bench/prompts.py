@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speclite.batch import request_body
+from speclite.request import parse_request
 from speclite.errors import SpecliteError
 
 
@@ -75,6 +75,23 @@ def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+# `repeat`: an agent loop over similar records and a code edit applied to look-alike functions;
+# each answer mostly repeats an earlier one, the case suffix decoding learns from (run in order).
+_AGENT = ('You are a coding agent. Reply with exactly one tool call as JSON, {"tool": "read_file", '
+          '"args": {"path": ...}}, then one line saying why.\nTask: ')
+_HINTS = "Add type hints (int) to this function and change nothing else:\n\n"
+_LOOKALIKES = {
+    "add": "def add(a, b):\n    total = a + b\n    return total\n",
+    "sub": "def sub(a, b):\n    total = a - b\n    return total\n",
+    "mul": "def mul(a, b):\n    total = a * b\n    return total\n",
+}
+_REPEAT = tuple(
+    [BenchPrompt(f"repeat-agent-{name}", "repeat", _user(f"{_AGENT}open src/{name}.py and list its functions"))
+     for name in ("config", "models", "views", "utils")]
+    + [BenchPrompt(f"repeat-edit-{name}", "repeat", _user(_HINTS + code)) for name, code in _LOOKALIKES.items()]
+)
+
+
 BUILTIN: tuple[BenchPrompt, ...] = (
     BenchPrompt("code-fib", "code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
     BenchPrompt("code-sort", "code", "import os\nimport sys\n\n\ndef list_files(path):\n    result = []\n    for name in "),
@@ -100,6 +117,7 @@ BUILTIN: tuple[BenchPrompt, ...] = (
     BenchPrompt("chat-python", "chat", _user("How do I read a file line by line in Python?")),
     BenchPrompt("chat-plan", "chat", _user("Give me three tips for writing clear commit messages.")),
     BenchPrompt("chat-explain", "chat", _user("What is a hash table, in one paragraph?")),
+    *_REPEAT,
 )
 WORKLOADS = tuple(dict.fromkeys(p.workload for p in BUILTIN))
 
@@ -130,13 +148,9 @@ def read_jsonl(path: Path) -> list[BenchPrompt]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise SpecliteError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise SpecliteError(f"{path}:{n}: not a JSON object")
-        try:
-            body, extra = request_body(rec)  # the same request schema as `speclite generate`
-        except SpecliteError as e:
-            raise SpecliteError(f"{path}:{n}: {e}") from None
-        prompts.append(BenchPrompt(str(rec.get("id", f"line{n}")), str(rec.get("workload", "file")), body, extra))
+        request = parse_request(rec, where=f"{path}:{n}")  # the same request schema as `speclite generate`
+        prompts.append(BenchPrompt(str(rec.get("id", f"line{n}")), str(rec.get("workload", "file")), request.prompt,
+                                   request.extra_config))
     if not prompts:
         raise SpecliteError(f"--prompts file {path} has no prompts")
     return prompts

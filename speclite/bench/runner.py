@@ -14,16 +14,15 @@ from dataclasses import dataclass, field
 import torch
 
 from speclite.api import LLM, load_draft
-from speclite.bench.memory import MemoryMeter, model_bytes
+from speclite.bench.memory import MemoryMeter
 from speclite.bench.prompts import BenchPrompt
 from speclite.bench.sweep import BenchConfig
 from speclite.engine.loop import Speculation
-from speclite.engine.sampling import SamplingParams
+from speclite.engine.memory import model_bytes
+from speclite.sampling import SamplingParams
 from speclite.errors import SpecliteError
-from speclite.spec import build_proposer
-from speclite.spec.draft_model import DraftModelProposer
-from speclite.spec.schedule import spec_length
-from speclite.spec.verify import get_verifier
+from speclite.speculate import BuildContext, build_proposer, get_method
+from speclite.speculate.schedule import spec_length
 
 
 @dataclass
@@ -77,12 +76,13 @@ class BenchModels:
 
 class Runner:
     def __init__(self, models: BenchModels, configs: list[BenchConfig], prompts: list[BenchPrompt],
-                 max_new_tokens: int, *, ignore_eos: bool = False, min_match: int = 1, max_match: int = 3):
-        if any(c.method == "vanilla" for c in configs) and models.draft is None:
-            raise SpecliteError("--sp-type vanilla needs a draft: pass --draft (or --synthetic-draft)")
+                 max_new_tokens: int, *, ignore_eos: bool = False, method_options: dict | None = None):
+        drafted = [c.method for c in configs if c.method != "plain" and get_method(c.method).needs_draft]
+        if drafted and models.draft is None:
+            raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft)")
         self.models, self.configs, self.prompts = models, configs, prompts
         self.params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
-        self.min_match, self.max_match = min_match, max_match
+        self.method_options = method_options or {}
         self.device = next(iter(models.llms.values())).device
         self.meter = MemoryMeter(self.device)
         self.peak_bytes: dict[str, int] = {}
@@ -107,35 +107,36 @@ class Runner:
 
     def _proposer(self, config: BenchConfig):
         llm = next(iter(self.models.llms.values()))
-        cfg = config.spec_config(self.models.draft_name, self.min_match, self.max_match)
-        draft = self.models.draft if cfg.method == "vanilla" else None
-        proposer = build_proposer(cfg, draft, llm.max_len, llm.target.args.vocab_size)
-        if self.models.static and isinstance(proposer, DraftModelProposer):
+        cfg = config.spec_config(self.models.draft_name, self.method_options)
+        method = get_method(cfg.method)
+        draft = self.models.draft if method.needs_draft else None
+        proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len))
+        if self.models.static:
             proposer.use_static()
         return proposer
 
-    def _speculation(self, config: BenchConfig, params: SamplingParams) -> Speculation | None:
+    def _speculation(self, config: BenchConfig) -> Speculation | None:
         if config.method == "plain":
             return None
         proposer = self.proposers[config.method]
-        cfg = config.spec_config(self.models.draft_name, self.min_match, self.max_match)
-        return Speculation(proposer, get_verifier(cfg.verify, params), spec_length(cfg.k, cfg.method),
-                           cfg.accept_policy)
+        cfg = config.spec_config(self.models.draft_name, self.method_options)
+        return Speculation(proposer, spec_length(cfg.k, get_method(cfg.method)), cfg.verify, cfg.accept_policy)
 
     def _resident_bytes(self, config: BenchConfig) -> int:
         """Weights plus preallocated KV caches of the models this configuration uses."""
         llm = self.models.llms[config.quant]
         total = model_bytes(llm.target) + llm.engine.cache.nbytes()
         proposer = self.proposers.get(config.method)
-        if isinstance(proposer, DraftModelProposer):
-            total += model_bytes(self.models.draft) + proposer.cache.nbytes()
+        if proposer is not None:
+            models, caches = proposer.resident()
+            total += sum(model_bytes(m) for m in models) + sum(c.nbytes() for c in caches)
         return total
 
     def run_one(self, config: BenchConfig, index: int, params: SamplingParams):
         """(RequestOutput, seconds) of one prompt; the engine starts cold (no cached prefix)."""
         llm = self.models.llms[config.quant]
         ids, extra = self.inputs[config.quant][index]
-        llm.engine.spec = self._speculation(config, params)
+        llm.engine.spec = self._speculation(config)
         llm.engine.reset()  # target and draft start cold: no prefix kept from the last run
         sync(self.device)
         start = time.perf_counter()
@@ -162,6 +163,10 @@ class Runner:
             plain_ids: dict[tuple, list[int]] = {}
             this_repeat: list[tuple[RunRecord, tuple]] = []
             for config in order:
+                # What a method learns across requests comes from this repeat's prompts only: not from
+                # the warm-up or an earlier repeat, which already showed it these very answers.
+                if config.method in self.proposers:
+                    self.proposers[config.method].forget()
                 self.meter.start()
                 for i, p in enumerate(self.prompts):
                     out, seconds = self.run_one(config, i, self.params)

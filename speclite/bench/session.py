@@ -15,14 +15,16 @@ from pathlib import Path
 import torch
 
 from speclite import hub
-from speclite.bench.memory import model_bytes, process_peak_rss_bytes
+from speclite.bench.memory import process_peak_rss_bytes
 from speclite.bench.prompts import load_prompts
 from speclite.bench.report import summarise
 from speclite.bench.roofline import copy_bandwidth, roofline
 from speclite.bench.runner import BenchModels, Runner
 from speclite.bench.sweep import build_sweep, parse_ks, parse_methods, parse_quants
+from speclite.engine.memory import model_bytes
 from speclite.errors import SpecliteError
 from speclite.model.loader import resolve_device, resolve_dtype
+from speclite.speculate import METHODS, get_method
 
 
 @dataclass
@@ -40,8 +42,7 @@ class BenchOptions:
     device: str = "auto"
     dtype: str = "auto"
     max_model_len: int | None = None
-    min_match: int = 1
-    max_match: int = 3
+    method_options: dict = field(default_factory=dict)  # registry option name -> value (e.g. min_match)
     ignore_eos: bool = False
     synthetic: str | None = None
     synthetic_draft: str | None = None
@@ -76,7 +77,7 @@ def check_options(o: BenchOptions) -> None:
 def _draft_for(o: BenchOptions, methods_given: bool, methods: list[str]) -> str | None:
     if o.synthetic or o.draft:
         return o.draft
-    if not methods_given or "vanilla" in methods:
+    if not methods_given or any(get_method(m).needs_draft for m in methods):
         return hub.recommended_draft(o.model, o.models_file)
     return None
 
@@ -109,17 +110,18 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
                 Path(tmp), o.synthetic, o.synthetic_draft, o.layers, dtype, o.draft_layers or o.layers)
             model, draft = str(target_dir), (str(draft_dir) if draft_dir else None)
         if not o.sp_types:
-            methods = ["naive"] + (["vanilla"] if draft else []) + ["deterministic"]
-        if "vanilla" not in methods:
+            methods = [m.name for m in METHODS.values() if m.in_default_sweep and (draft or not m.needs_draft)]
+        drafted = [m for m in methods if get_method(m).needs_draft]
+        if not drafted:
             draft = None  # nothing would use it: do not load it
         elif draft is None:
-            raise SpecliteError("--sp-type vanilla needs a draft: pass --draft (or --synthetic-draft); "
+            raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft); "
                                 f"models.toml recommends none for '{model}'")
         configs = build_sweep(methods, ks, quants, o.accept_policy)
         models = BenchModels.load(model, draft, quants, device=device, dtype=dtype, draft_quant=o.draft_quant,
                                   models_file=o.models_file, max_model_len=o.max_model_len, static=o.static)
         runner = Runner(models, configs, prompts, o.max_new_tokens, ignore_eos=o.ignore_eos or bool(o.synthetic),
-                        min_match=o.min_match, max_match=o.max_match)
+                        method_options=o.method_options)
         if on_start:
             on_start(len(configs) * len(prompts) * o.repeats)
         runner.warm_up()

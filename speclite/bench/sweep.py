@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speclite.api import ACCEPT_POLICIES, SpecConfig
+from speclite.api import SpecConfig
 from speclite.errors import SpecliteError
-from speclite.spec import METHODS, normalize_method
+from speclite.speculate import get_method, method_names, normalize_method
+from speclite.speculate.verify import POLICIES
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,12 @@ class BenchConfig:
             parts.append(f"({self.accept_policy})")
         return " ".join(parts)
 
-    def spec_config(self, draft: str | None, min_match: int, max_match: int) -> SpecConfig:
-        return SpecConfig(self.method, self.k, draft, None, min_match, max_match, None, self.accept_policy).validated()
+    def spec_config(self, draft: str | None, method_options: dict) -> SpecConfig:
+        """The validated SpecConfig of this row; `method_options` may hold other methods' options too."""
+        own = {o.name for o in get_method(self.method).options}
+        options = {name: value for name, value in method_options.items() if name in own}
+        return SpecConfig(method=self.method, k=self.k, draft=draft, accept_policy=self.accept_policy,
+                          options=options).validated()
 
 
 def split_list(text: str, flag: str) -> list[str]:
@@ -54,7 +59,7 @@ def parse_methods(text: str) -> list[str]:
         try:
             method = normalize_method(item)
         except SpecliteError:
-            raise SpecliteError(f"unknown --sp-type '{item}': choose from {', '.join(METHODS[1:])}") from None
+            raise SpecliteError(f"unknown --sp-type '{item}': choose from {', '.join(method_names()[1:])}") from None
         if method != "none":  # plain decoding is always the baseline
             methods.append(method)
     return list(dict.fromkeys(methods))
@@ -68,14 +73,15 @@ def parse_quants(text: str | None) -> list[str | None]:
 
 def build_sweep(methods: list[str], ks: list[int | str], quants: list[str | None],
                 accept_policy: str = "normal") -> list[BenchConfig]:
-    if accept_policy not in ACCEPT_POLICIES:
+    if accept_policy not in POLICIES:
         raise SpecliteError(f"unknown accept policy '{accept_policy}'")
     configs = []
     for quant in quants:
         configs.append(BenchConfig("plain", 0, quant))
         for method in methods:
-            if method == "naive":  # zero drafts whatever k is: one row measures the spec path's cost
-                configs.append(BenchConfig("naive", 0, quant, accept_policy))
+            fixed_k = get_method(method).fixed_k
+            if fixed_k is not None:  # naive: zero drafts whatever k is, one row measures the spec path's cost
+                configs.append(BenchConfig(method, fixed_k, quant, accept_policy))
             else:
                 configs.extend(BenchConfig(method, k, quant, accept_policy) for k in ks)
     return configs

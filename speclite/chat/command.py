@@ -117,29 +117,11 @@ class CtrlC:
 
 
 def memory_line(llm) -> str:
-    """Weights and KV cache bytes of the target and (if any) the draft model."""
-    proposer = getattr(llm.engine.spec, "proposer", None)
-    draft_model, draft_cache = getattr(proposer, "model", None), getattr(proposer, "cache", None)
-    weights = f"weights {_mb(_module_bytes(llm.target))}"
-    kv = f"KV cache {_mb(llm.engine.cache.nbytes())}"  # allocated now rather than on the first turn
-    if draft_model is not None:
-        weights += f" + draft {_mb(_module_bytes(draft_model))}"
-    if draft_cache is not None:
-        kv += f" + draft {_mb(draft_cache.nbytes())}"
+    """Weights and KV cache bytes of the target and (if any) the proposer's own models."""
+    m = llm.memory()
+    weights = f"weights {_mb(m['weights'])}" + (f" + draft {_mb(m['draft_weights'])}" if m["draft_weights"] else "")
+    kv = f"KV cache {_mb(m['kv'])}" + (f" + draft {_mb(m['draft_kv'])}" if m["draft_kv"] else "")
     return f"memory: {weights}, {kv} ({llm.max_len} tokens of context)"
-
-
-def _module_bytes(module) -> int:
-    import torch
-
-    if not isinstance(module, torch.nn.Module):
-        module = module.model  # a wrapper (the static CUDA-graph decoder) around the model
-    seen, total = set(), 0
-    for t in [*module.parameters(), *module.buffers()]:
-        if t.data_ptr() not in seen:  # tied embeddings are one tensor
-            seen.add(t.data_ptr())
-            total += t.nbytes
-    return total
 
 
 def _mb(n: int) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speclite.engine.engine import Chunk, RequestOutput
-from speclite.engine.sampling import SamplingParams
+from speclite.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
 from speclite.errors import SpecliteError
 
@@ -127,12 +127,12 @@ class Session:
     def _k(self, arg: str) -> Reply:
         if not self.llm.speculation_available:
             raise SpecliteError("no speculation method was loaded: start with --sp-type to set k")
-        if self.llm.engine.spec is None:
+        if self.llm.k_label is None:
             raise SpecliteError("speculation is off: /sp on first")
         if arg != "auto" and not arg.isdigit():
             raise SpecliteError(f"/k takes a number or 'auto', got '{arg}'")
         self.llm.set_k(arg if arg == "auto" else int(arg))
-        return Reply(f"k set to {self.llm.engine.spec.length.label}")
+        return Reply(f"k set to {self.llm.k_label}")
 
     def _sp(self, arg: str) -> Reply:
         if arg not in ("on", "off"):

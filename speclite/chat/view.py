@@ -34,13 +34,13 @@ class Setup:
     @classmethod
     def of(cls, llm) -> "Setup":
         dtype = str(llm.dtype).removeprefix("torch.")
-        spec = llm.engine.spec
+        k = llm.k_label
         draft = None
         if llm.draft_name:
             draft = f"{_short(llm.draft_name)} [{llm.spec_config.draft_quant or dtype}]"
         return cls(
-            method=llm.spec_config.method if spec is not None else "off",
-            k=spec.length.label if spec is not None else "",
+            method=llm.spec_config.method if k is not None else "off",
+            k=k or "",
             target=f"{_short(llm.model_name)} [{llm.quant or dtype}]",
             draft=draft,
         )

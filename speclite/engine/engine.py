@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from speclite.engine.detokenize import IncrementalDetokenizer
-from speclite.engine.loop import Finish, Request, Speculation, decode
-from speclite.engine.sampling import SamplingParams
+from speclite.engine.loop import Request, Speculation, decode
+from speclite.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
 from speclite.errors import SpecliteError
 from speclite.model import Transformer
@@ -89,28 +89,28 @@ class Engine:
             common += 1
         cache.rollback(min(common, cache.length))
         request = Request(prompt_ids, params, self.eos_ids, extra or {})
-        stats, finish = RequestStats(), Finish()
+        run = decode(self.target, cache, request, self.spec)
         detok = IncrementalDetokenizer(self.tokenizer)
         emitted, stop_at = 0, None
         try:
             with torch.inference_mode():
-                for new in decode(self.target, cache, request, stats, finish, self.spec):
+                for new in run:
                     text = detok.add(new)
                     stop_at = _find_stop(text, params.stop, emitted)
                     if stop_at is not None:
-                        finish.reason = "stop"
+                        run.finish_reason = "stop"
                         text = text[:stop_at]
-                    yield Chunk(new, text[emitted:], stats)
+                    yield Chunk(new, text[emitted:], run.stats)
                     emitted = len(text)
                     if stop_at is not None:
                         break
         finally:
-            stats.finish()
+            run.stats.finish()
             out_ids = detok.ids
             self._cached_ids = (prompt_ids + out_ids)[: cache.length]
             if result is not None:
                 text = detok.text[:stop_at] if stop_at is not None else detok.final()
-                result.append(RequestOutput(text, out_ids, finish.reason, stats, len(prompt_ids)))
+                result.append(RequestOutput(text, out_ids, run.finish_reason, run.stats, len(prompt_ids)))
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, extra: dict | None = None) -> RequestOutput:
         result: list[RequestOutput] = []

@@ -1,8 +1,9 @@
 """The decode loop: plain decoding and every speculative method, one function read top to bottom.
 
 The prompt minus its last token is prefilled; then each iteration forwards the last committed
-token plus k drafts through the target in one pass, verifies, rolls the cache back to the
-accepted length and emits the accepted drafts plus one token from the target. With no proposer
+token plus the drafts (a chain, or a tree under a tree mask) through the target in one pass,
+verifies, keeps the accepted path's cache entries and emits the accepted drafts plus one token
+from the target; the proposer observes them with the hidden states it asked for. With no proposer
 (k = 0) that is exactly plain decoding, so plain, naive and speculative runs share every line
 that decides which token comes out.
 """
@@ -15,25 +16,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclite.engine.sampling import SamplingParams, make_generator, sample, warp
 from speclite.engine.stats import RequestStats
 from speclite.model import KVCache, Transformer
-from speclite.spec.base import Proposer, RequestContext
-from speclite.spec.schedule import SpecLength
-from speclite.spec.verify import Verifier
+from speclite.model.step import NOTHING, Tree
+from speclite.sampling import SamplingParams, make_generator
+from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.schedule import SpecLength
+from speclite.speculate.verify import get_verifier, reject_all
 
-
-@dataclass
-class Finish:
-    reason: str = "length"  # "stop" (EOS) or "length" (max_new_tokens / context full)
+NO_DRAFTS = Proposal([])
 
 
 @dataclass
 class Speculation:
     proposer: Proposer
-    verifier: Verifier
     length: SpecLength  # how many drafts to ask for, fixed or adaptive
-    accept_policy: str = "normal"  # "accept_all" / "reject_all" are for debugging and overhead
+    verify: str | None = None  # a --verify name; None: greedy at temperature 0, rejection otherwise
+    accept_policy: str = "normal"  # "accept_all" / "reject_all": verifiers for debugging and overhead
 
 
 @dataclass
@@ -44,80 +43,86 @@ class Request:
     extra: dict = field(default_factory=dict)  # extra_config: sp_advice_prompt ids, sp_edit
 
 
-def decode(
-    target: Transformer,
-    cache: KVCache,
-    request: Request,
-    stats: RequestStats,
-    finish: Finish,
-    spec: Speculation | None = None,
-) -> Iterator[list[int]]:
-    """Yield each iteration's new tokens; `finish.reason` says why it stopped.
+def decode(target: Transformer, cache: KVCache, request: Request, spec: Speculation | None = None) -> "Decoding":
+    """Start decoding one request: iterate the result for each iteration's new tokens.
 
     `cache` may already hold a prefix of the prompt (a chat's earlier turns): only the rest is
     prefilled.
     """
-    params = request.params
-    device = cache.layers[0][0].device
-    generator = make_generator(params.seed, device)
-    prompt = request.prompt_ids
-    if cache.length >= len(prompt):
-        cache.rollback(len(prompt) - 1)
-    if cache.length < len(prompt) - 1:
-        target(torch.tensor(prompt[cache.length : -1], device=device), cache, num_logits=1)
-    if spec is not None:
-        ctx = RequestContext(params=params, generator=generator, extra=request.extra, device=device)
-        spec.proposer.begin(prompt, ctx)
+    return Decoding(target, cache, request, spec)
 
-    token, produced = prompt[-1], 0
-    while True:
-        room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
-        if room <= 0:
-            finish.reason = "length"
-            return
-        drafts, draft_probs = [], None
-        started = time.perf_counter()
+
+class Decoding:
+    """What happened to one request: its `stats` and `finish_reason` ("length" until EOS, or a
+    stop string the caller found, makes it "stop"), up to date after each iteration."""
+
+    def __init__(self, target: Transformer, cache: KVCache, request: Request, spec: Speculation | None):
+        self.stats = RequestStats()
+        self.finish_reason = "length"
+        self._iterations = self._run(target, cache, request, spec)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._iterations
+
+    def _run(self, target, cache, request, spec) -> Iterator[list[int]]:
+        params, stats = request.params, self.stats
+        device = cache.layers[0][0].device
+        generator = make_generator(params.seed, device)
+        # Plain decoding is the k=0 case: with no drafts, reject_all is the target's own argmax / draw.
+        verifier = get_verifier(spec.verify, params, spec.accept_policy) if spec else reject_all
+        wants = spec.proposer.wants if spec else NOTHING
+        prompt = request.prompt_ids
+        if cache.length >= len(prompt):
+            cache.rollback(len(prompt) - 1)
+        prompt_from, prompt_states = cache.length, None
+        if cache.length < len(prompt) - 1:
+            step = target.step(torch.tensor(prompt[cache.length : -1], device=device), cache, 1, wants=wants)
+            prompt_states = step if wants else None
         if spec is not None:
-            k = min(spec.length.next_k(), room - 1)
-            if k > 0:
-                proposal = spec.proposer.propose(k)
-                drafts, draft_probs = proposal.tokens, proposal.probs
-            stats.draft_s += time.perf_counter() - started
-        verify_started = time.perf_counter()
-        logits = target(torch.tensor([token] + drafts, device=device), cache)
+            ctx = RequestContext(params=params, generator=generator, extra=request.extra, device=device,
+                                 prompt_states=prompt_states, prompt_from=prompt_from)
+            spec.proposer.begin(prompt, ctx)
 
-        if spec is None:
-            accepted, token = 0, _pick(logits[0], params, generator)
-        elif spec.accept_policy == "accept_all":
-            accepted = len(drafts)
-            token = _pick(logits[accepted], params, generator)
-        elif spec.accept_policy == "reject_all":
-            accepted, token = 0, _pick(logits[0], params, generator)
-        else:
-            accepted, token = spec.verifier(drafts, draft_probs, logits, params, generator)
-        cache.rollback(cache.length - (len(drafts) - accepted))
-        new = drafts[:accepted] + [token]
-        stats.verify_s += time.perf_counter() - verify_started
+        try:
+            token, produced = prompt[-1], 0
+            while True:
+                room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
+                if room <= 0:
+                    return
+                proposal = NO_DRAFTS
+                started = time.perf_counter()
+                if spec is not None:
+                    k = min(spec.length.next_k(), room - 1)
+                    if k > 0:
+                        proposal = spec.proposer.propose(k)
+                draft_s = time.perf_counter() - started
+                verify_started = time.perf_counter()
+                # One pass over the last committed token and every draft; a tree sees ancestors only.
+                start = cache.length
+                tree = None if proposal.is_chain else Tree.of(proposal.parents, device)
+                step = target.step(torch.tensor([token] + proposal.tokens, device=device), cache, tree=tree, wants=wants)
+                path, token = verifier(proposal, step.logits, params, generator)
+                rows = [0] + [1 + i for i in path]  # the forward's rows that stand
+                cache.keep([start + r for r in rows])
+                new = [proposal.tokens[i] for i in path] + [token]
+                verify_s = time.perf_counter() - verify_started
+                stats.draft_s += draft_s
+                stats.verify_s += verify_s
 
-        if spec is not None:
-            spec.length.observe(len(drafts), accepted, stats)
-            spec.proposer.observe(new)
-        # A draft may carry an EOS that the target confirmed: stop right after it.
-        for i, t in enumerate(new):
-            if t in request.eos_ids and not params.ignore_eos:
-                new = new[: i + 1]
-                finish.reason = "stop"
-                break
-        produced += len(new)
-        stats.record(len(drafts), accepted, len(new))
-        yield new
-        if finish.reason == "stop":
-            return
-
-
-def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """The target's own next token: argmax, or one inverse-CDF draw from the warped distribution."""
-    if params.greedy:
-        return int(torch.argmax(logits))
-    uniform = torch.rand((), generator=generator, device=generator.device)
-    return sample(warp(logits, params), uniform)
+                if spec is not None:
+                    spec.length.observe(len(proposal.tokens), len(path), draft_s, verify_s)
+                    spec.proposer.observe(new, step.select(rows) if wants else None)
+                # A draft may carry an EOS that the target confirmed: stop right after it.
+                for i, t in enumerate(new):
+                    if t in request.eos_ids and not params.ignore_eos:
+                        new = new[: i + 1]
+                        self.finish_reason = "stop"
+                        break
+                produced += len(new)
+                stats.record(len(proposal.tokens), len(path), len(new), proposal.depth())
+                yield new
+                if self.finish_reason == "stop":
+                    return
+        finally:
+            if spec is not None:
+                spec.proposer.finish()

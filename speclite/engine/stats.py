@@ -12,7 +12,8 @@ class RequestStats:
     output_len: int = 0
     proposed: int = 0
     accepted: int = 0
-    # proposed_at[i] / accepted_at[i]: drafts offered / accepted at draft position i (0 = 1st).
+    # proposed_at[d] / accepted_at[d]: iterations whose drafts reached depth d (0 = 1st draft) /
+    # whose accepted path did; for a chain, depth is the draft's position.
     proposed_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     draft_s: float = 0.0
@@ -20,18 +21,20 @@ class RequestStats:
     started: float = field(default_factory=time.perf_counter)
     done_s: float | None = None  # wall time once finished (summed when totals are merged)
 
-    def record(self, num_proposed: int, num_accepted: int, num_emitted: int) -> None:
-        """One iteration: `num_proposed` drafts, the first `num_accepted` kept, `num_emitted` tokens out."""
+    def record(self, num_proposed: int, num_accepted: int, num_emitted: int, depth: int | None = None) -> None:
+        """One iteration: `num_proposed` drafts `depth` levels deep (a chain: as many as drafts),
+        a path of `num_accepted` kept, `num_emitted` tokens out."""
+        depth = num_proposed if depth is None else depth
         self.iter_count += 1
         self.output_len += num_emitted
         self.proposed += num_proposed
         self.accepted += num_accepted
-        while len(self.proposed_at) < num_proposed:
+        while len(self.proposed_at) < depth:
             self.proposed_at.append(0)
             self.accepted_at.append(0)
-        for i in range(num_proposed):
-            self.proposed_at[i] += 1
-            self.accepted_at[i] += i < num_accepted
+        for d in range(depth):
+            self.proposed_at[d] += 1
+            self.accepted_at[d] += d < num_accepted
 
     def merge(self, other: "RequestStats") -> None:
         """Fold another request's figures in (session and batch totals)."""

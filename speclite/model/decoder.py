@@ -18,6 +18,7 @@ from torch import nn
 from speclite import kernels
 from speclite.errors import SpecliteError
 from speclite.model.kv_cache import KVCache
+from speclite.model.step import NOTHING, Step, Tree, Wants
 
 # HF architecture name -> our family tag.
 ARCHITECTURES = {
@@ -261,16 +262,22 @@ class Transformer(nn.Module):
         a = self.args
         return KVCache(a.num_layers, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
 
-    def _mask(self, start: int, t: int, device) -> torch.Tensor | None:
+    def _mask(self, start: int, t: int, device, tree: Tree | None) -> torch.Tensor | None:
+        """Causal over the cache; among the new tokens of a tree, each sees its ancestors only."""
         window = self.args.sliding_window
         end = start + t
         if t == 1 and (window is None or end <= window):
             return None
-        q_pos = torch.arange(start, end, device=device)[:, None]
-        k_pos = torch.arange(end, device=device)[None, :]
-        mask = k_pos <= q_pos
+        if tree is None:
+            q_pos = torch.arange(start, end, device=device)
+            k_pos = torch.arange(end, device=device)
+            mask = k_pos[None, :] <= q_pos[:, None]
+        else:
+            q_pos = start + tree.depth
+            k_pos = torch.cat([torch.arange(start, device=device), q_pos])
+            mask = torch.cat([torch.ones(t, start, dtype=torch.bool, device=device), tree.mask], dim=1)
         if window is not None:
-            mask &= k_pos > q_pos - window
+            mask &= k_pos[None, :] > q_pos[:, None] - window
         return mask
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, num_logits: int | None = None) -> torch.Tensor:
@@ -278,34 +285,53 @@ class Transformer(nn.Module):
 
         The tokens are appended at cache.length and the cache advances by T.
         """
+        return self.step(tokens, cache, num_logits).logits
+
+    def step(self, tokens: torch.Tensor, cache: KVCache, num_logits: int | None = None, tree: Tree | None = None,
+             wants: Wants = NOTHING) -> Step:
+        """Like forward, plus the hidden states `wants` names; with `tree`, the tokens are a token
+        tree (row 0 the last committed token) at positions cache.length + depth."""
         t, start = tokens.shape[0], cache.length
         if start + t > cache.max_len:
             raise SpecliteError(f"sequence of {start + t} tokens exceeds the context of {cache.max_len}")
-        pos = torch.arange(start, start + t, device=tokens.device)
-        logits = self._run(tokens, pos, cache, start, self._mask(start, t, tokens.device), num_logits)
+        pos = torch.arange(start, start + t, device=tokens.device) if tree is None else start + tree.depth
+        step = self._run(tokens, pos, cache, start, self._mask(start, t, tokens.device, tree), num_logits, wants)
         cache.length = start + t
-        return logits
+        return step
 
-    def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Logits for tokens at positions `pos` (a device tensor), with shapes that never change.
+    def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor,
+                       cache: KVCache, wants: Wants = NOTHING) -> Step:
+        """A tree (or chain) of tokens at positions `pos` written to cache `slots` (consecutive),
+        with shapes that never change: every input is a device tensor.
 
         The caller advances cache.length; nothing here reads it, so the call can be captured in
         a CUDA graph once and replayed at any position.
         """
-        k_pos = torch.arange(cache.max_len, device=tokens.device)[None, :]
-        mask = k_pos <= pos[:, None]
+        t = tokens.shape[0]
+        rel = torch.arange(cache.max_len, device=tokens.device) - slots[0]
+        inside = (rel >= 0) & (rel < t)
+        at = rel.clamp(0, t - 1)
+        mask = (rel < 0)[None, :] | (tree_mask[:, at] & inside[None, :])
         if self.args.sliding_window is not None:
-            mask &= k_pos > pos[:, None] - self.args.sliding_window
-        return self._run(tokens, pos, cache, pos, mask, None)
+            k_pos = torch.where(inside, pos[at], rel + slots[0])
+            mask &= k_pos[None, :] > pos[:, None] - self.args.sliding_window
+        return self._run(tokens, pos, cache, slots, mask, None, wants)
 
-    def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits):
+    def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
         x = self.model.embed_tokens(tokens)
         freqs = torch.outer(pos.to(torch.float32), self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None, :]
         sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None, :]
-        for layer, layer_cache in zip(self.model.layers, cache.layers):
+        layers = {}
+        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
+            if i in wants.layers:
+                layers[i] = x
             x = layer(x, cos, sin, layer_cache, start, mask)
-        if num_logits is not None:
-            x = x[-num_logits:]
-        return self.lm_head(self.model.norm(x))
+        if len(self.model.layers) in wants.layers:
+            layers[len(self.model.layers)] = x
+        # Only the rows whose logits are asked for are normed, unless the final state is wanted too.
+        normed = self.model.norm(x if wants.final or num_logits is None else x[-num_logits:])
+        final = normed if wants.final else None
+        logits = self.lm_head(normed if num_logits is None else normed[-num_logits:])
+        return Step(logits, final, layers)

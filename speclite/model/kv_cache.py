@@ -21,5 +21,21 @@ class KVCache:
             raise ValueError(f"cannot roll back a cache of {self.length} tokens to {length}")
         self.length = length
 
+    def keep(self, slots: list[int]) -> None:
+        """Keep the entries at these ascending slots, moved to slots[0], slots[0]+1, ...; drop the rest.
+
+        After a tree pass the accepted path sits at scattered slots: only those few rows are
+        gathered into place (a chain's accepted rows are already in place: a rollback).
+        """
+        first, n = slots[0], len(slots)
+        if list(slots) != list(range(first, first + n)):
+            device = self.layers[0][0].device
+            src = torch.tensor(slots, device=device)
+            dst = torch.arange(first, first + n, device=device)
+            for k, v in self.layers:
+                k.index_copy_(1, dst, k.index_select(1, src))
+                v.index_copy_(1, dst, v.index_select(1, src))
+        self.rollback(first + n)
+
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)

@@ -10,6 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from speclite.errors import SpecliteError
 from speclite.model.decoder import ModelArgs, Transformer
+from speclite.model.validate import check_model_dir, read_json_object
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,13 +36,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def read_config(model_dir: Path) -> dict:
-    path = model_dir / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecliteError(f"{model_dir} is not a model directory: no config.json") from None
-    except json.JSONDecodeError as e:
-        raise SpecliteError(f"{path} is not valid JSON: {e}") from None
+    return read_json_object(model_dir / "config.json", f"{model_dir} is not a model directory: no config.json")
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -75,12 +70,17 @@ def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_model(model_dir: str | Path, device: str | torch.device | None = None, dtype=None) -> Transformer:
-    """Build the decoder from config.json and load its weights (quantized formats included)."""
+def load_model(model_dir: str | Path, device: str | torch.device | None = None, dtype=None,
+               max_model_len: int | None = None) -> Transformer:
+    """Build the decoder from config.json and load its weights (quantized formats included).
+
+    `max_model_len`: the KV cache length the caller will allocate (checked, with the weights,
+    against free memory before any weight is read).
+    """
     model_dir = Path(model_dir)
     device = device if isinstance(device, torch.device) else resolve_device(device)
     dtype = resolve_dtype(dtype, device)
-    config = read_config(model_dir)
+    config = check_model_dir(model_dir, device, dtype, max_model_len)
     args = ModelArgs.from_hf(config)
     tensors = read_tensors(model_dir)
     with torch.device("meta"):

@@ -1,8 +1,9 @@
 """Static-shape decode steps: each token count captured once in a CUDA graph, then replayed.
 
 At batch 1 a forward is hundreds of small kernel launches; replaying a captured graph costs one
-launch. Decode (1 token) and verification (k+1 tokens) have fixed shapes, so each is captured the
-first time it is seen for this cache; other shapes (prefill) run the ordinary dynamic forward.
+launch. Decode (1 token) and verification (k+1 tokens, a chain or a tree) have fixed shapes, so
+each is captured the first time it is seen for this cache; other shapes (prefill) run the
+ordinary dynamic forward.
 Off CUDA the same static forward runs eagerly (useful to check it against the dynamic one).
 """
 
@@ -13,55 +14,74 @@ import torch
 from speclite.errors import SpecliteError
 from speclite.model.decoder import Transformer
 from speclite.model.kv_cache import KVCache
+from speclite.model.step import NOTHING, Step, Tree, Wants
 
 
 class StaticDecoder:
-    """Callable like Transformer.forward(tokens, cache, num_logits), bound to one cache."""
+    """Callable like Transformer (forward and step), bound to one cache.
+
+    A graph is captured per (token count, wants): a chain and a tree of the same size share it,
+    since positions, cache slots and the tree mask are all inputs.
+    """
 
     def __init__(self, model: Transformer, cache: KVCache, max_tokens: int = 16):
         self.model, self.cache, self.max_tokens = model, cache, max_tokens
         self.args = model.args
-        self.graphs: dict[int, tuple] = {}  # token count -> (graph, tokens, pos, logits)
+        self.graphs: dict[tuple, tuple] = {}  # (token count, wants) -> (graph, inputs, output Step)
         self.use_graphs = cache.layers[0][0].device.type == "cuda"
 
     def new_cache(self, max_len: int) -> KVCache:
         return self.model.new_cache(max_len)
 
     def __call__(self, tokens: torch.Tensor, cache: KVCache, num_logits: int | None = None) -> torch.Tensor:
+        return self.step(tokens, cache, num_logits).logits
+
+    def step(self, tokens: torch.Tensor, cache: KVCache, num_logits: int | None = None, tree: Tree | None = None,
+             wants: Wants = NOTHING) -> Step:
         t, start = tokens.shape[0], cache.length
         if cache is not self.cache or t > self.max_tokens or t == 0:
-            return self.model(tokens, cache, num_logits)
+            return self.model.step(tokens, cache, num_logits, tree, wants)
         if start + t > cache.max_len:
             raise SpecliteError(f"sequence of {start + t} tokens exceeds the context of {cache.max_len}")
-        pos = torch.arange(start, start + t, device=tokens.device)
-        if self.use_graphs:
-            logits = self._replay(tokens, pos)
+        device = tokens.device
+        slots = torch.arange(start, start + t, device=device)
+        if tree is None:
+            pos, mask = slots, torch.ones(t, t, dtype=torch.bool, device=device).tril()
         else:
-            logits = self.model.forward_static(tokens, pos, cache)
+            pos, mask = start + tree.depth, tree.mask
+        inputs = (tokens, pos, slots, mask)
+        if self.use_graphs:
+            step = self._replay(inputs, wants)
+        else:
+            step = self.model.forward_static(*inputs, cache, wants)
         cache.length = start + t
-        return logits if num_logits is None else logits[-num_logits:]
+        if num_logits is not None:
+            step.logits = step.logits[-num_logits:]
+        return step
 
-    def _replay(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        t = tokens.shape[0]
-        if t not in self.graphs:
-            self.graphs[t] = self._capture(tokens, pos)
-        graph, static_tokens, static_pos, logits = self.graphs[t]
-        static_tokens.copy_(tokens)
-        static_pos.copy_(pos)
+    def _replay(self, inputs: tuple, wants: Wants) -> Step:
+        key = (inputs[0].shape[0], wants)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(inputs, wants)
+        graph, static_inputs, out = self.graphs[key]
+        for dst, src in zip(static_inputs, inputs):
+            dst.copy_(src)
         graph.replay()
-        return logits.clone()  # the next replay overwrites the output buffer
+        # The next replay overwrites the output buffers.
+        return Step(out.logits.clone(), None if out.final is None else out.final.clone(),
+                    {i: h.clone() for i, h in out.layers.items()})
 
-    def _capture(self, tokens: torch.Tensor, pos: torch.Tensor):
-        static_tokens, static_pos = tokens.clone(), pos.clone()
+    def _capture(self, inputs: tuple, wants: Wants):
+        static_inputs = tuple(x.clone() for x in inputs)
         # Warm up on a side stream (lazy initialisation, kernel autotuning) before capturing.
-        # The warm-up writes KV at `pos`, which the real replay rewrites with the same values.
+        # The warm-up writes KV at the slots, which the real replay rewrites with the same values.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.model.forward_static(static_tokens, static_pos, self.cache)
+                self.model.forward_static(*static_inputs, self.cache, wants)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = self.model.forward_static(static_tokens, static_pos, self.cache)
-        return graph, static_tokens, static_pos, logits
+            out = self.model.forward_static(*static_inputs, self.cache, wants)
+        return graph, static_inputs, out

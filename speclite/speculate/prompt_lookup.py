@@ -9,7 +9,9 @@ long unchanged stretches are accepted in one pass each.
 
 from __future__ import annotations
 
-from speclite.spec.base import Proposal, Proposer, RequestContext
+from speclite.errors import SpecliteError
+from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.registry import Method, Option, register
 
 
 class NgramIndex:
@@ -85,7 +87,7 @@ class PromptLookupProposer(Proposer):
                 return j + n
         return None
 
-    def observe(self, tokens: list[int]) -> None:
+    def observe(self, tokens: list[int], states=None) -> None:
         self.context.extend(tokens)
         if not self.edit:
             return
@@ -103,3 +105,22 @@ def _find(seq: list[int], pattern: list[int], start: int) -> int | None:
         if seq[j : j + n] == pattern:
             return j
     return None
+
+
+def _check_bounds(options: dict) -> None:
+    if not 1 <= options["min_match"] <= options["max_match"]:
+        raise SpecliteError(f"need 1 <= --sp-min-token-match ({options['min_match']}) "
+                            f"<= --sp-max-token-match ({options['max_match']})")
+
+
+register(Method(
+    "deterministic", lambda ctx: PromptLookupProposer(ctx.options["min_match"], ctx.options["max_match"]),
+    "prompt lookup over prompt + output + sp_advice_prompt; sp_edit=1: speculative edit",
+    options=(
+        Option("min_match", int, 1, "Shortest n-gram prompt lookup matches.", "--sp-min-token-match",
+               "prompt_lookup_min"),
+        Option("max_match", int, 3, "Longest n-gram prompt lookup matches.", "--sp-max-token-match",
+               "prompt_lookup_max"),
+    ),
+    check=_check_bounds, aliases=("ngram", "prompt_lookup"),
+))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speclite.engine.stats import RequestStats
+from speclite.speculate.registry import Method
 
 
 class SpecLength:
@@ -14,8 +14,8 @@ class SpecLength:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, proposed: int, accepted: int, stats: RequestStats) -> None:
-        pass
+    def observe(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """One iteration: `accepted` of `proposed` drafts stood; drafting and verifying took these seconds."""
 
     @property
     def label(self) -> str:
@@ -38,14 +38,11 @@ class AdaptiveSpecLength(SpecLength):
         self.draft_step_s: float | None = None
         self.verify_s: float | None = None
         self.since_probe = 0
-        self._last = (0.0, 0.0)
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
 
-    def observe(self, proposed: int, accepted: int, stats: RequestStats) -> None:
-        draft_s, verify_s = stats.draft_s - self._last[0], stats.verify_s - self._last[1]
-        self._last = (stats.draft_s, stats.verify_s)
+    def observe(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.verify_s = self._ema(self.verify_s, verify_s)
         if proposed:
             self.draft_step_s = self._ema(self.draft_step_s, draft_s / proposed)
@@ -79,8 +76,10 @@ class AdaptiveSpecLength(SpecLength):
         return f"auto({self.k})"
 
 
-def spec_length(k: int | str, method: str) -> SpecLength:
-    """The schedule a config asks for: adaptive for "auto"; `naive` always proposes nothing."""
+def spec_length(k: int | str, method: Method) -> SpecLength:
+    """The schedule a config asks for: the method's fixed k if it has one (naive: 0), adaptive for "auto"."""
+    if method.fixed_k is not None:
+        return SpecLength(method.fixed_k)
     if k == "auto":
         return AdaptiveSpecLength()
-    return SpecLength(0 if method == "naive" else k)
+    return SpecLength(k)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from speclite.engine.sampling import sample, warp
+from speclite.sampling import sample, uniform, warp
 from speclite.model import Transformer
-from speclite.spec.base import Proposal, Proposer, RequestContext
+from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.registry import Method, register
 
 
 class DraftModelProposer(Proposer):
@@ -24,6 +25,9 @@ class DraftModelProposer(Proposer):
         from speclite.model.static import StaticDecoder
 
         self.model = StaticDecoder(self.model, self.cache)
+
+    def resident(self) -> tuple[list, list]:
+        return [self.model], [self.cache]
 
     def reset(self) -> None:
         self.tokens = []
@@ -62,14 +66,14 @@ class DraftModelProposer(Proposer):
                     token = int(torch.argmax(logits))
                 else:
                     q = warp(logits, params)
-                    token = sample(q, torch.rand((), generator=gen, device=gen.device))
+                    token = sample(q, uniform(gen))
                     probs.append(q)
                 self.drafts.append(token)
                 if i < k - 1:
                     logits = self._next_logits([token])
         return Proposal(self.drafts, torch.stack(probs) if probs else None)
 
-    def observe(self, tokens: list[int]) -> None:
+    def observe(self, tokens: list[int], states=None) -> None:
         # The cache holds the sequence plus the drafts fed back in (or lags it, when no drafts
         # were asked for): keep the drafts the target kept.
         fed = self.cache.length - len(self.tokens)
@@ -78,3 +82,10 @@ class DraftModelProposer(Proposer):
             kept += 1
         self.cache.rollback(min(self.cache.length, len(self.tokens) + kept))
         self.tokens.extend(tokens)
+
+
+register(Method(
+    "vanilla", lambda ctx: DraftModelProposer(ctx.draft, ctx.max_len, ctx.target_vocab),
+    "a smaller model of the same tokenizer drafts k tokens (--draft)",
+    needs_draft=True, aliases=("draft_model", "draft"),
+))

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import torch
 
 from speclite import kernels
-from speclite.errors import SpecliteError
 
 
 @dataclass
@@ -21,16 +20,11 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
+        from speclite.request import check_sampling  # imported here: speclite.request builds SamplingParams
+
+        check_sampling(self)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if self.max_new_tokens < 1:
-            raise SpecliteError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise SpecliteError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise SpecliteError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise SpecliteError(f"top_k must be >= 0, got {self.top_k}")
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +60,18 @@ def sample(probs: torch.Tensor, uniform: torch.Tensor) -> int:
     whichever path drew it.
     """
     return int(kernels.sample_probs(probs, uniform))
+
+
+def uniform(generator: torch.Generator) -> torch.Tensor:
+    """One uniform draw in [0, 1) from the request's generator (on its device)."""
+    return torch.rand((), generator=generator, device=generator.device)
+
+
+def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """The target's own next token: argmax, or one inverse-CDF draw from the warped distribution."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    return sample(warp(logits, params), uniform(generator))
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:

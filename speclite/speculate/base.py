@@ -1,0 +1,98 @@
+"""The proposer interface: every speculation method is a small class behind these three calls."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from speclite.model.step import NOTHING, Step, Wants
+from speclite.sampling import SamplingParams
+
+
+@dataclass
+class RequestContext:
+    params: SamplingParams
+    generator: torch.Generator  # the request's own: drafts sampled from it keep runs reproducible
+    device: torch.device
+    extra: dict = field(default_factory=dict)  # sp_advice_prompt token ids, sp_edit flag
+    # The prefill's hidden states (what `wants` asked for), row r = prompt position prompt_from + r;
+    # the prompt's last token comes in the first observe(). None when nothing is wanted.
+    prompt_states: Step | None = None
+    prompt_from: int = 0
+
+
+@dataclass
+class Proposal:
+    """Draft tokens continuing the sequence: a chain, or a tree when `parents` is given.
+
+    `parents[i]`: index of draft i's parent in `tokens` (-1 = the last committed token); a parent
+    comes before its children, and siblings are tried in order. None is a chain ([-1, 0, 1, ...]).
+    `probs` [n, V]: probs[i] is the warped draft distribution token i was drawn from (for
+    siblings drawn without replacement, the distribution after removing the earlier ones), for
+    rejection sampling; None for deterministic proposers (one-hot draft distributions).
+    """
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+    parents: list[int] | None = None
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None or self.parents == list(range(-1, len(self.tokens) - 1))
+
+    def children(self) -> dict[int, list[int]]:
+        """Node (-1 = the committed token) -> its children's indices, in order."""
+        kids: dict[int, list[int]] = {}
+        for i, parent in enumerate(self.parents if self.parents is not None else range(-1, len(self.tokens) - 1)):
+            kids.setdefault(parent, []).append(i)
+        return kids
+
+    def depth(self) -> int:
+        """Levels of the tree (a chain's length)."""
+        if self.parents is None:
+            return len(self.tokens)
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
+
+
+class Proposer(ABC):
+    name: str = "proposer"
+
+    @abstractmethod
+    def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
+        """A new request (or a new chat turn) starts with this whole token sequence."""
+
+    @abstractmethod
+    def propose(self, k: int) -> Proposal:
+        """Up to k drafts following the sequence seen so far (fewer, or none, is fine)."""
+
+    wants: Wants = NOTHING  # hidden states of the target this proposer drafts from
+
+    @abstractmethod
+    def observe(self, tokens: list[int], states: Step | None = None) -> None:
+        """These tokens were appended to the sequence (accepted drafts + the target's token).
+
+        `states`: the target's hidden states that `wants` asked for, row j for the token fed in
+        that produced tokens[j] (the last committed token, then each accepted draft); None when
+        nothing is wanted.
+        """
+
+    def finish(self) -> None:
+        """The request ended (done, stopped, or abandoned by its consumer); nothing to do by default."""
+
+    def reset(self) -> None:
+        """Forget whatever is kept between requests (the next begin() starts cold)."""
+
+    def forget(self) -> None:
+        """Also forget what was learned from earlier requests (suffix trees); an explicit call only."""
+
+    def use_static(self) -> None:
+        """Run the proposer's own fixed-shape model steps as CUDA graphs (--static); none by default."""
+
+    def resident(self) -> tuple[list, list]:
+        """(models, KV caches) this proposer holds, for memory reports; none by default."""
+        return [], []

@@ -1,0 +1,103 @@
+"""The EAGLE-3 draft head: fc over the target's captured states, one decoder layer fed 2H inputs, its own lm_head.
+
+One step for T rows: row i pairs a hidden state (the target's fused states, or the head's own
+pre-norm output of the step before) with the embedding of the token that followed it. The layer
+normalises both (`input_layernorm` for the embedding, `hidden_norm` for the state), concatenates
+them [embedding, state] into q/k/v, adds the attention output to the (un-normed) state and runs
+the MLP; `norm` + `lm_head` give logits over the draft vocabulary, mapped to target ids with
+target_id = draft_id + d2t[draft_id]. The head has no embedding: the target's is passed in.
+
+Submodule names follow vLLM's in-memory layout (model.fc, model.layers.0.*, model.norm, lm_head),
+so speclite.quant.quantize_model quantizes the layer's linears like any draft's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from speclite.model.decoder import MLP, Attention, Linear, ModelArgs, RMSNorm, rope_inv_freq
+from speclite.model.kv_cache import KVCache
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, args: ModelArgs, norm_before_residual: bool):
+        super().__init__()
+        h = args.hidden_size
+        # q/k/v read [embedding, state] (2H); the output projection writes back to H.
+        self.self_attn = Attention(replace(args, hidden_size=2 * h))
+        self.self_attn.o_proj = Linear(args.num_heads * args.head_dim, h, bias=args.o_bias)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(h, args.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, args.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, embeds, hidden, cos, sin, layer_cache, start: int, mask):
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        x = residual + self.self_attn(x, cos, sin, layer_cache, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Eagle3Body(nn.Module):
+    def __init__(self, args: ModelArgs, fused_width: int, norm_before_residual: bool, norm_before_fc: bool):
+        super().__init__()
+        # gpt-oss heads normalise the concatenated target states before fc (`input_norm`).
+        self.input_norm = RMSNorm(fused_width, args.rms_norm_eps) if norm_before_fc else None
+        self.fc = Linear(fused_width, args.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(args, norm_before_residual)])
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, args: ModelArgs, draft_vocab: int, fused_width: int, aux_layers: tuple[int, ...],
+                 norm_before_residual: bool = False, norm_before_fc: bool = False):
+        super().__init__()
+        self.args = args
+        self.aux_layers = aux_layers  # target layers whose inputs are concatenated, in this order
+        self.model = Eagle3Body(args, fused_width, norm_before_residual, norm_before_fc)
+        self.lm_head = Linear(args.hidden_size, draft_vocab, bias=False)
+        self.register_buffer("target_ids", torch.arange(draft_vocab), persistent=False)
+        self.inv_freq, self.rope_scale = None, 1.0
+
+    def init_rope(self, device) -> None:
+        inv_freq, self.rope_scale = rope_inv_freq(self.args)
+        self.inv_freq = inv_freq.to(device)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        a, p = self.args, self.model.norm.weight  # a norm stays high precision when the linears are quantized
+        return KVCache(1, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
+
+    def fuse(self, states: torch.Tensor) -> torch.Tensor:
+        """[T, 3 * target hidden] concatenated target states -> [T, H], the layer's state input."""
+        if self.model.input_norm is not None:
+            states = self.model.input_norm(states)
+        return self.model.fc(states)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [T, draft vocab], pre-norm states [T, H]) for T rows appended at cache.length.
+
+        `mask` [T, cache.length + T] (True = attend) lets tree rows see their ancestors only;
+        None means causal over the cache (a single row, or the committed rows of a chain).
+        """
+        t, start = embeds.shape[0], cache.length
+        if mask is None and t > 1:
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=embeds.device).tril(start)
+        freqs = torch.outer(positions.to(torch.float32), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scale).to(hidden.dtype)[:, None, :]
+        sin = (emb.sin() * self.rope_scale).to(hidden.dtype)[:, None, :]
+        out = self.model.layers[0](embeds, hidden, cos, sin, cache.layers[0], start, mask)
+        cache.length = start + t
+        return self.lm_head(self.model.norm(out)), out
+
+    def to_target(self, draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
+        """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V] (-inf where the head has no token)."""
+        full = draft_logits.new_full((*draft_logits.shape[:-1], target_vocab), float("-inf"))
+        full[..., self.target_ids] = draft_logits
+        return full

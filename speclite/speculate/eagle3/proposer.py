@@ -1,0 +1,167 @@
+"""`eagle3`: the head drafts a chain (topk 1) or a tree from the target's own hidden states.
+
+The head's cache holds one entry per committed position p: the pair (the target's fused states at
+p, the token at p + 1). Each target pass hands over the states of the positions that stood, so the
+pairs up to the newest token are known; drafting first runs those pending pairs (they stay: they
+are the target's), then feeds each draft with the head's own pre-norm output of the step before.
+Draft entries are dropped on the next observe by moving the length pointer back.
+
+Trees follow SGLang's three knobs: `steps` head passes, `topk` children per expanded node, and a
+budget of draft tokens: every pass expands the topk best nodes (by cumulative log-probability)
+of the pass before; the budget keeps the best nodes of all passes, which is ancestor-closed because
+a child never scores above its parent. Tree drafts are the head's top-k (deterministic, distinct
+siblings), so a verifier treats each as a one-hot draft; a chain under sampling draws its drafts
+from the head's warped distribution and returns it for rejection sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from speclite.model.step import Step, Wants
+from speclite.sampling import sample, uniform, warp
+from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.eagle3.head import Eagle3Head
+
+
+class Eagle3Proposer(Proposer):
+    name = "eagle3"
+
+    def __init__(self, head: Eagle3Head, embed: nn.Embedding, max_len: int, target_vocab: int, topk: int = 1,
+                 steps: int | None = None, num_draft_tokens: int | None = None):
+        self.head, self.embed = head, embed
+        self.aux_layers = head.aux_layers
+        self.wants = Wants(layers=tuple(sorted(set(head.aux_layers))))  # the inputs of these target layers
+        self.cache = head.new_cache(max_len)
+        self.target_vocab = target_vocab
+        self.topk, self.steps, self.num_draft_tokens = topk, steps, num_draft_tokens
+        self.tokens: list[int] = []
+        self.committed = 0  # head-cache entries that are the target's pairs (the rest are drafts)
+        self.pending: torch.Tensor | None = None  # fused states of positions committed.. not yet in the cache
+
+    def resident(self) -> tuple[list, list]:
+        return [self.head], [self.cache]
+
+    def reset(self) -> None:
+        self.tokens, self.committed, self.pending = [], 0, None
+        self.cache.rollback(0)
+
+    def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
+        self.ctx = ctx
+        common = 0
+        for a, b in zip(self.tokens, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        # Entry p pairs position p with token p + 1: it stands while both are unchanged.
+        self.committed = min(self.committed, max(common - 1, 0))
+        self.cache.rollback(self.committed)
+        self.tokens, self.pending = list(prompt_ids), None
+        if ctx.prompt_states is not None:  # the prefill's rows: prompt positions prompt_from..
+            self._take(ctx.prompt_states.layers, ctx.prompt_from)
+
+    def observe(self, tokens: list[int], states: Step | None = None) -> None:
+        self.cache.rollback(self.committed)
+        if states is not None:  # rows of the previous last token, then of each accepted draft
+            self._take(states.layers, len(self.tokens) - 1)
+        self.tokens.extend(tokens)
+
+    def _take(self, states: dict, first: int) -> None:
+        """Fuse the target's states of positions first.. into the pending rows."""
+        with torch.inference_mode():
+            fused = self.head.fuse(torch.cat([states[i] for i in self.aux_layers], dim=-1))
+        if first > self.committed + (0 if self.pending is None else self.pending.shape[0]):
+            raise ValueError(f"EAGLE-3 states from position {first} leave a gap after {self.committed}")
+        if first < self.committed:  # rows the cache already holds: recompute them from these states
+            self.committed = first
+            self.cache.rollback(first)
+            self.pending = fused
+        else:
+            kept = self.pending[: first - self.committed] if self.pending is not None else fused[:0]
+            self.pending = torch.cat([kept, fused])
+
+    def _step(self, tokens: list[int], hidden: torch.Tensor, positions: list[int], mask=None):
+        device = hidden.device
+        embeds = self.embed(torch.tensor(tokens, device=device))
+        return self.head(embeds.to(hidden.dtype), hidden, torch.tensor(positions, device=device), self.cache, mask)
+
+    def propose(self, k: int) -> Proposal:
+        # Pending rows whose next token is known are the target's pairs: they join the committed cache.
+        c = self.committed
+        n_pairs = 0 if self.pending is None else min(self.pending.shape[0], len(self.tokens) - 1 - c)
+        room = self.cache.max_len - c - n_pairs
+        if n_pairs < 1 or k < 1 or room < 1:
+            return Proposal([])
+        with torch.inference_mode():
+            logits, state = self._step(self.tokens[c + 1: c + 1 + n_pairs], self.pending[:n_pairs],
+                                       list(range(c, c + n_pairs)))
+            self.committed, self.pending = c + n_pairs, self.pending[n_pairs:]
+            if self.topk == 1 and not self.ctx.params.greedy:
+                return self._chain(logits[-1], state[-1:], min(k, room))
+            # Greedy chains are the topk-1 tree: the same code, parents [-1, 0, 1, ...].
+            budget = k if self.topk == 1 else min(k, (self.num_draft_tokens or k + 1) - 1)
+            return self._tree(logits[-1], state[-1:], budget, room)
+
+    def _chain(self, logits, state, k: int) -> Proposal:
+        """k drafts drawn from the head's warped distributions, which come back for rejection sampling."""
+        params, gen = self.ctx.params, self.ctx.generator
+        drafts, probs = [], []
+        for i in range(k):
+            q = warp(self.head.to_target(logits, self.target_vocab), params)
+            token = sample(q, uniform(gen))
+            probs.append(q)
+            drafts.append(token)
+            if i < k - 1:
+                logits, state = self._step([token], state, [self.committed + i])
+                logits = logits[-1]
+        return Proposal(drafts, torch.stack(probs))
+
+    def _tree(self, logits, state, budget: int, room: int) -> Proposal:
+        topk = min(self.topk, logits.shape[-1])
+        steps = min(self.steps or budget, max(1, 1 + (room - 1) // topk))
+        # Nodes in creation order (parents first): token, parent, cumulative log-prob, depth.
+        tokens, parents, scores, depths = [], [], [], []
+        entry: dict[int, int] = {}  # node -> its head-cache entry, once fed
+
+        def expand(parent: int, lp: torch.Tensor, base: float, depth: int) -> list[int]:
+            top = torch.topk(lp, topk)
+            made = []
+            for value, idx in zip(top.values.tolist(), top.indices.tolist()):
+                made.append(len(tokens))
+                tokens.append(int(self.head.target_ids[idx]))
+                parents.append(parent)
+                scores.append(base + value)
+                depths.append(depth)
+            return made
+
+        frontier = expand(-1, torch.log_softmax(logits.float(), -1), 0.0, 1)
+        states = {-1: state[0]}
+        for _ in range(steps - 1):
+            fed_before = len(entry)
+            for i, node in enumerate(frontier):
+                entry[node] = self.committed + fed_before + i
+            mask = self._tree_mask(frontier, parents, entry)
+            hidden = torch.stack([states[parents[n]] for n in frontier])
+            positions = [self.committed - 1 + depths[n] for n in frontier]
+            out, new_states = self._step([tokens[n] for n in frontier], hidden, positions, mask)
+            lps = torch.log_softmax(out.float(), -1)
+            children = []
+            for row, node in enumerate(frontier):
+                states[node] = new_states[row]
+                children += expand(node, lps[row], scores[node], depths[node] + 1)
+            frontier = sorted(children, key=lambda n: (-scores[n], n))[:topk]
+        keep = sorted(sorted(range(len(tokens)), key=lambda n: (-scores[n], depths[n], n))[:budget])
+        index = {node: i for i, node in enumerate(keep)}
+        return Proposal([tokens[n] for n in keep], None, [index[parents[n]] if parents[n] >= 0 else -1 for n in keep])
+
+    def _tree_mask(self, rows: list[int], parents: list[int], entry: dict[int, int]) -> torch.Tensor:
+        """[rows, cache.length + rows]: the committed entries and each row's fed ancestors and itself."""
+        end = self.cache.length + len(rows)
+        mask = torch.zeros(len(rows), end, dtype=torch.bool, device=self.cache.layers[0][0].device)
+        mask[:, : self.committed] = True
+        for r, node in enumerate(rows):
+            while node >= 0:
+                mask[r, entry[node]] = True
+                node = parents[node]
+        return mask

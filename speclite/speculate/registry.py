@@ -1,0 +1,155 @@
+"""The one list of speculation methods: name -> builder, its options, what it needs from the runtime.
+
+The CLI flags, SpecConfig's option checks, vLLM `speculative_config` keys, bench sweeps and chat
+all read this registry; a new method is a module in speclite/speculate/ that calls `register`
+(and is imported by speclite/speculate/__init__.py), nothing else.
+
+What hidden states a method wants from the target is declared by the built proposer
+(`Proposer.wants`), not here: it can depend on the checkpoint (EAGLE-3 heads name their layers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from speclite.errors import SpecliteError
+
+NONE = "none"  # plain decoding: no proposer, no registry entry
+
+
+@dataclass(frozen=True)
+class Option:
+    """One method option: a CLI flag, a SpecConfig.options key and (maybe) a vLLM config key."""
+
+    name: str  # key in SpecConfig.options and in BuildContext.options
+    type: type  # int, float, str or bool
+    default: object
+    help: str
+    flag: str | None = None  # CLI flag; default "--" + name with dashes
+    vllm: str | None = None  # vLLM speculative_config key, if vLLM has one
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def convert(self, value):
+        if isinstance(value, self.type) and not (self.type is int and isinstance(value, bool)):
+            return value
+        try:
+            if self.type is bool:
+                if str(value).lower() in ("1", "true", "yes", "on"):
+                    return True
+                if str(value).lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            return self.type(value)
+        except (TypeError, ValueError):
+            raise SpecliteError(f"{self.cli_flag} must be a {self.type.__name__}, got '{value}'") from None
+
+
+@dataclass
+class BuildContext:
+    """What a method's builder gets: its options (validated, defaults filled) and the models."""
+
+    options: dict
+    target: object  # the target Transformer: its embedding / lm_head for heads that share them
+    draft: object | None  # the loaded --draft model (needs_draft and draft_is_model)
+    max_len: int  # context length: size of any cache the proposer keeps
+    draft_dir: Path | None = None  # the resolved --draft directory when the builder loads it itself
+    draft_quant: str | None = None  # --draft-quant, for a builder that loads its own draft
+
+    @property
+    def target_vocab(self) -> int:
+        return self.target.args.vocab_size
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    build: Callable[[BuildContext], object]  # -> Proposer
+    help: str
+    options: tuple[Option, ...] = ()
+    needs_draft: bool = False  # --draft is required
+    # True: --draft is a decoder speclite loads (same tokenizer checked, --draft-quant applied) and
+    # hands over as ctx.draft; False: the builder loads ctx.draft_dir itself (a head, e.g. EAGLE-3).
+    draft_is_model: bool = True
+    needs_target: bool = False  # reads the target's weights or hidden states
+    aliases: tuple[str, ...] = ()  # other tools' names (vLLM's "ngram", ...)
+    check: Callable[[dict], None] | None = None  # cross-option validation; raise SpecliteError
+    fixed_k: int | None = None  # proposes exactly this many drafts whatever --gen-num-per-cycle says
+    in_default_sweep: bool = True  # `speclite bench` without --sp-type runs it (when its draft is known)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add a method (a module's import does this); names and aliases must be new."""
+    taken = {NONE, *METHODS, *(a for m in METHODS.values() for a in m.aliases)}
+    for name in (method.name, *method.aliases):
+        if name in taken:
+            raise ValueError(f"speculation method name '{name}' is already registered")
+    for opt in method.options:
+        other = option_by_name(opt.name)
+        if other is not None and other != opt:
+            raise ValueError(f"option '{opt.name}' of '{method.name}' differs from the one already registered")
+    METHODS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove a method (tests register throwaway ones)."""
+    METHODS.pop(name, None)
+
+
+def method_names() -> tuple[str, ...]:
+    """Every --sp-type value, "none" first."""
+    return (NONE, *METHODS)
+
+
+def normalize_method(name: str | None) -> str:
+    """The registered name for a method name or alias (case-insensitive)."""
+    key = (name or NONE).lower()
+    for method in METHODS.values():
+        if key in method.aliases:
+            return method.name
+    if key != NONE and key not in METHODS:
+        raise SpecliteError(f"unknown speculation method '{name}': choose from {', '.join(method_names())}")
+    return key
+
+
+def get_method(name: str) -> Method:
+    return METHODS[normalize_method(name)]
+
+
+def all_options() -> list[Option]:
+    """Every registered option once (methods may share one, e.g. n-gram bounds)."""
+    seen: dict[str, Option] = {}
+    for method in METHODS.values():
+        for opt in method.options:
+            seen.setdefault(opt.name, opt)
+    return list(seen.values())
+
+
+def option_by_name(name: str) -> Option | None:
+    return next((o for o in all_options() if o.name == name), None)
+
+
+def method_options(method: str, given: dict) -> dict:
+    """The method's options from `given` (names it does not know are an error), defaults filled."""
+    m = get_method(method)
+    known = {o.name: o for o in m.options}
+    unknown = set(given) - set(known)
+    if unknown:
+        raise SpecliteError(f"--sp-type {m.name} takes no option {', '.join(sorted(unknown))}")
+    options = {name: opt.convert(given[name]) if name in given else opt.default for name, opt in known.items()}
+    if m.check is not None:
+        m.check(options)
+    return options
+
+
+def build_proposer(method: str, ctx: BuildContext):
+    """The proposer of a registered method (options already validated by method_options)."""
+    return get_method(method).build(ctx)
