@@ -31,12 +31,18 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 def check_model_dir(model_dir: Path, device: torch.device, dtype: torch.dtype, max_model_len: int | None = None) -> dict:
     """The validated config.json of model_dir; SpecliteError on the first problem found."""
-    config = check_model_files(model_dir)
-    headers = safetensors_headers(model_dir)
-    _check_shapes(headers, config, model_dir)
+    config, headers = check_checkpoint(model_dir)
     context = context_length(config.get("max_position_embeddings", DEFAULT_CONTEXT), max_model_len)
     check_memory(headers, config, context, device, dtype, model_dir)
     return config
+
+
+def check_checkpoint(model_dir: Path) -> tuple[dict, dict[str, dict]]:
+    """The validated config and safetensors headers (shapes checked against the config), no weights read."""
+    config = check_model_files(model_dir)
+    headers = safetensors_headers(model_dir)
+    _check_shapes(headers, config, model_dir)
+    return config, headers
 
 
 def check_model_files(model_dir: Path) -> dict:

@@ -14,6 +14,7 @@ from torch import nn
 from speclite.errors import SpecliteError
 from speclite.model.decoder import ModelArgs
 from speclite.model.loader import read_config, resolve_device
+from speclite.model.validate import check_checkpoint
 from speclite.quant.blockwise import BlockRunner
 from speclite.quant import calib as calibration
 from speclite.quant.bnb import nf4_linear
@@ -74,8 +75,8 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     method = check_method(scheme, method)
     _check_options(scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len, shard_bytes)
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    config = read_config(model_dir)
-    args = ModelArgs.from_hf(config)  # unsupported architectures fail before any work
+    config = check_checkpoint(model_dir)[0]  # a malformed checkpoint fails before any work
+    args = ModelArgs.from_hf(config)
     if config.get("quantization_config"):
         raise SpecliteError(f"{model_dir} is already quantized ({config['quantization_config'].get('quant_method')}); quantize the original model")
     calib_text = calibration.read_text(calib or calibration.SHIPPED_CALIB) if method != "rtn" else None
