@@ -38,9 +38,8 @@ import torch
 
 from speclite import hub
 from speclite.api import LLM
-from speclite.engine.loop import Finish, Request, decode
+from speclite.engine.loop import Request, decode
 from speclite.sampling import SamplingParams
-from speclite.engine.stats import RequestStats
 from speclite.model import load_model
 from speclite.quant import quantize_model
 from speclite.synthetic import build_synthetic
@@ -138,7 +137,7 @@ def speclite_decode(model, prompt: list[int], n: int) -> float:
     with torch.inference_mode():
         model(torch.tensor(prompt[:-1]), cache, num_logits=1)  # the prompt, not timed (as -d 32)
         start = time.perf_counter()
-        produced = sum(len(c) for c in decode(model, cache, request, RequestStats(), Finish()))
+        produced = sum(len(c) for c in decode(model, cache, request))
     assert produced == n
     return n / (time.perf_counter() - start)
 

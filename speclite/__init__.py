@@ -1,5 +1,13 @@
 """speclite: a quantization-first LLM runtime with lossless speculative decoding."""
 
+import os
+
+# Before torch loads libgomp: its idle threads spin ~300k iterations before sleeping, and with
+# another busy process on the machine every parallel region then waits for a starved spinner
+# (decode measured 3-20x slower under load). A short spin keeps the idle speed (RESULTS.md, Threads).
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 from speclite.api import LLM, SpecConfig
 from speclite.engine.engine import RequestOutput
 from speclite.sampling import SamplingParams

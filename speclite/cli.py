@@ -11,7 +11,7 @@ import click
 
 from speclite.bench.command import bench
 from speclite.chat.command import chat
-from speclite.cli_options import (QUANT_SCHEMES, build_llm, console, model_options, sampling_options,
+from speclite.cli_options import (QUANT_SCHEMES, build_llm, console, model_options, sampling_options, threads_option,
                                   sampling_params, spec_options)
 from speclite.errors import SpecliteError
 from speclite.serve.command import serve
@@ -126,6 +126,7 @@ def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, to
               help="Largest output shard in MB (memory use grows with it).")
 @click.option("--no-eval", is_flag=True, help="Skip the held-out perplexity of the original and quantized model.")
 @click.option("--verbose", "-v", is_flag=True, help="List every tensor as it is written.")
+@threads_option
 @click.pass_context
 def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len, out_dir,
              shard_size, no_eval, verbose):

@@ -17,6 +17,22 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False)
 
 
+def _set_threads(ctx, param, threads):
+    if threads is not None:
+        if threads < 1:
+            raise click.BadParameter(f"must be at least 1, got {threads}", ctx, param)
+        import torch
+
+        torch.set_num_threads(threads)
+    return threads
+
+
+def threads_option(f):
+    """--threads N: CPU threads for the matmuls (torch's and speclite's kernels); set as the flag is read."""
+    return click.option("--threads", type=int, default=None, expose_value=False, callback=_set_threads,
+                        help="CPU threads (default: one per physical core).")(f)
+
+
 def model_options(f):
     """Target, device and precision flags shared by every command that loads a model."""
     options = [
@@ -28,6 +44,7 @@ def model_options(f):
                      "BODY/HEAD, e.g. int4/w8a8, quantizes lm_head too."),
         click.option("--max-model-len", type=int, default=None, help="Context length (default: model's, at most 4096)."),
         click.option("--static", is_flag=True, help="Fixed-shape decode/verify steps, replayed as CUDA graphs (GPU)."),
+        threads_option,
     ]
     return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
 
