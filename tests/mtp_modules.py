@@ -37,7 +37,8 @@ def module_tensors(cfg: dict, seed=0, own_head=True, scale=4.0, hidden=None) -> 
     t = {"enorm.weight": norm(h), "hnorm.weight": norm(h), "eh_proj.weight": rnd(h, 2 * h),
          "self_attn.q_proj.weight": rnd(heads * d, h), "self_attn.k_proj.weight": rnd(kv * d, h),
          "self_attn.v_proj.weight": rnd(kv * d, h), "self_attn.o_proj.weight": rnd(h, heads * d),
-         "mlp.gate_proj.weight": rnd(inter, h), "mlp.up_proj.weight": rnd(inter, h), "mlp.down_proj.weight": rnd(h, inter),
+         "mlp.gate_proj.weight": rnd(inter, h), "mlp.up_proj.weight": rnd(inter, h),
+         "mlp.down_proj.weight": rnd(h, inter),
          "input_layernorm.weight": norm(h), "post_attention_layernorm.weight": norm(h),
          "shared_head.norm.weight": norm(h)}
     if is_qwen2(cfg):

@@ -36,8 +36,9 @@ class MTPLayer(Block):
         self.state_first = state_first  # MiMo concatenates [state, embedding]
 
     def forward(self, embeds, hidden, cos, sin, layer_cache, start, mask):
-        pair = (self.hnorm(hidden), self.enorm(embeds)) if self.state_first else (self.enorm(embeds), self.hnorm(hidden))
-        return super().forward(self.eh_proj(torch.cat(pair, dim=-1)), cos, sin, layer_cache, start, mask)
+        e, h = self.enorm(embeds), self.hnorm(hidden)
+        x = self.eh_proj(torch.cat((h, e) if self.state_first else (e, h), dim=-1))
+        return super().forward(x, cos, sin, layer_cache, start, mask)
 
 
 class MTPBody(nn.Module):
