@@ -159,7 +159,7 @@ class LLM:
         if cfg.method == NONE:
             return None
         method, draft_model, draft_dir = get_method(cfg.method), None, None
-        if method.needs_draft:
+        if method.needs_draft or (method.draft_optional and cfg.draft):
             # models.toml recommends draft *models*; a head (EAGLE-3, ...) must be named.
             draft = cfg.draft or (hub.recommended_draft(self.model_name, models_file) if method.draft_is_model else None)
             if draft is None:

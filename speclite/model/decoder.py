@@ -23,6 +23,7 @@ from speclite.model.step import NOTHING, Step, Tree, Wants
 # HF architecture name -> our family tag.
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
+    "MiMoForCausalLM": "qwen2",  # Qwen2 layers; its MTP modules (model.mtp_layers.*) are --sp-type mtp's
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
@@ -247,6 +248,7 @@ class Transformer(nn.Module):
         self.model = Backbone(args)
         self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         self.inv_freq, self.rope_scale = None, 1.0
+        self.checkpoint_dir = None  # where load_model read the weights: methods read extra tensors there (MTP)
 
     def init_rope(self, device) -> None:
         # Computed outside the meta-device construction, on the model's device.

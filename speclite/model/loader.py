@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -13,6 +16,8 @@ from speclite.model.decoder import ModelArgs, Transformer
 from speclite.model.validate import check_model_dir, read_json_object
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -57,14 +62,16 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint, on the CPU as stored (memory-mapped where possible)."""
+def read_tensors(model_dir: Path, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint (or those whose name `keep` accepts), on the CPU as stored
+    (memory-mapped where possible)."""
     tensors: dict[str, torch.Tensor] = {}
     for file in weight_files(model_dir):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    tensors[name] = f.get_tensor(name)
+                    if keep is None or keep(name):
+                        tensors[name] = f.get_tensor(name)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise SpecliteError(f"{file} is corrupt or truncated ({e}); delete it and download it again") from None
     return tensors
@@ -93,7 +100,25 @@ def load_model(model_dir: str | Path, device: str | torch.device | None = None, 
     _load_dense(model, tensors, dtype, device, model_dir)
     model.tie_weights()
     model.init_rope(device)
+    model.checkpoint_dir = model_dir
+    _note_extra_layers(tensors, args.num_layers, model_dir)
     return model.eval()
+
+
+def beyond_decoder(name: str, num_layers: int) -> bool:
+    """A tensor shipped beside the decoder: an MTP module, at model.layers.{num_layers..} (DeepSeek-V3)
+    or model.mtp_layers.* (MiMo). The target leaves them; --sp-type mtp reads them."""
+    if name.startswith("model.mtp_layers."):
+        return True
+    layer = _LAYER.match(name)
+    return layer is not None and int(layer.group(1)) >= num_layers
+
+
+def _note_extra_layers(tensors: dict, num_layers: int, model_dir: Path) -> None:
+    extra = sorted({".".join(n.split(".")[:3]) for n in tensors if beyond_decoder(n, num_layers)})
+    if extra:
+        log.warning(f"note: {model_dir} holds {', '.join(p + '.*' for p in extra)} beside the {num_layers} decoder "
+                    "layers (MTP modules): the target does not use them; --sp-type mtp drafts with them")
 
 
 def _load_dense(model: Transformer, tensors: dict, dtype, device, model_dir: Path) -> None:

@@ -75,11 +75,18 @@ class Method:
     # True: --draft is a decoder speclite loads (same tokenizer checked, --draft-quant applied) and
     # hands over as ctx.draft; False: the builder loads ctx.draft_dir itself (a head, e.g. EAGLE-3).
     draft_is_model: bool = True
+    # --draft may be given though not required (draft_is_model False): without it the builder finds
+    # its own, e.g. MTP reads the module from the target's checkpoint (ctx.target.checkpoint_dir).
+    draft_optional: bool = False
     needs_target: bool = False  # reads the target's weights or hidden states
     aliases: tuple[str, ...] = ()  # other tools' names (vLLM's "ngram", ...)
     check: Callable[[dict], None] | None = None  # cross-option validation; raise SpecliteError
     fixed_k: int | None = None  # proposes exactly this many drafts whatever --gen-num-per-cycle says
     in_default_sweep: bool = True  # `speclite bench` without --sp-type runs it (when its draft is known)
+
+    @property
+    def takes_draft(self) -> bool:
+        return self.needs_draft or self.draft_optional
 
 
 METHODS: dict[str, Method] = {}

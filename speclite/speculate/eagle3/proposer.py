@@ -31,14 +31,20 @@ class Eagle3Proposer(Proposer):
     def __init__(self, head: Eagle3Head, embed: nn.Embedding, max_len: int, target_vocab: int, topk: int = 1,
                  steps: int | None = None, num_draft_tokens: int | None = None):
         self.head, self.embed = head, embed
-        self.aux_layers = head.aux_layers
-        self.wants = Wants(layers=tuple(sorted(set(head.aux_layers))))  # the inputs of these target layers
+        self.wants = self._wants()
         self.cache = head.new_cache(max_len)
         self.target_vocab = target_vocab
         self.topk, self.steps, self.num_draft_tokens = topk, steps, num_draft_tokens
         self.tokens: list[int] = []
         self.committed = 0  # head-cache entries that are the target's pairs (the rest are drafts)
         self.pending: torch.Tensor | None = None  # fused states of positions committed.. not yet in the cache
+
+    def _wants(self) -> Wants:
+        return Wants(layers=tuple(sorted(set(self.head.aux_layers))))  # the inputs of these target layers
+
+    def _states(self, step: Step) -> torch.Tensor:
+        """The head's state input for each row of `step`: fc over the concatenated layer inputs."""
+        return self.head.fuse(torch.cat([step.layers[i] for i in self.head.aux_layers], dim=-1))
 
     def resident(self) -> tuple[list, list]:
         return [self.head], [self.cache]
@@ -59,18 +65,18 @@ class Eagle3Proposer(Proposer):
         self.cache.rollback(self.committed)
         self.tokens, self.pending = list(prompt_ids), None
         if ctx.prompt_states is not None:  # the prefill's rows: prompt positions prompt_from..
-            self._take(ctx.prompt_states.layers, ctx.prompt_from)
+            self._take(ctx.prompt_states, ctx.prompt_from)
 
     def observe(self, tokens: list[int], states: Step | None = None) -> None:
         self.cache.rollback(self.committed)
         if states is not None:  # rows of the previous last token, then of each accepted draft
-            self._take(states.layers, len(self.tokens) - 1)
+            self._take(states, len(self.tokens) - 1)
         self.tokens.extend(tokens)
 
-    def _take(self, states: dict, first: int) -> None:
-        """Fuse the target's states of positions first.. into the pending rows."""
+    def _take(self, states: Step, first: int) -> None:
+        """The head's inputs from the target's states of positions first.. join the pending rows."""
         with torch.inference_mode():
-            fused = self.head.fuse(torch.cat([states[i] for i in self.aux_layers], dim=-1))
+            fused = self._states(states)
         if first > self.committed + (0 if self.pending is None else self.pending.shape[0]):
             raise ValueError(f"EAGLE-3 states from position {first} leave a gap after {self.committed}")
         if first < self.committed:  # rows the cache already holds: recompute them from these states

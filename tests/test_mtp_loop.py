@@ -1,0 +1,135 @@
+"""MTP through the real loop: greedy output equals plain decoding (DeepSeek-V3 module in the
+checkpoint, MiMo target, separate checkpoint; float32 and int4), sampled output follows the
+target's exact warped distributions, and `speclite generate --sp-type mtp` end to end."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from conftest import save_model
+from mtp_modules import add_module, save_separate
+from speclite.engine.loop import Request, Speculation, decode
+from speclite.model import load_model
+from speclite.quant import quantize_model
+from speclite.sampling import SamplingParams
+from speclite.speculate.mtp import MTPProposer, load_draft
+from speclite.speculate.schedule import SpecLength
+from test_sampling_exact import SETTINGS, VOCAB, chi_square_pvalue, exact_distributions, sampled_counts
+
+GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)
+TINY_VOCAB = 24  # small enough that a random module's drafts are sometimes right
+rng = random.Random(5)
+PROMPTS = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 12))] for _ in range(5)]
+
+
+def generate(target, prompt, spec=None, params=GREEDY):
+    with torch.inference_mode():
+        run = decode(target, target.new_cache(64), Request(prompt, params), spec)
+        return [t for chunk in run for t in chunk], run.stats
+
+
+def proposer(target, module_dir=None, quant=None, max_len=64):
+    return MTPProposer(load_draft(module_dir, target, quant), target.model.embed_tokens, max_len,
+                       target.args.vocab_size)
+
+
+def save_tiny(path, config_cls, seed):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config_cls(
+        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    model.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp-loop")
+    save_tiny(root / "deepseek", LlamaConfig, seed=5)
+    add_module(root / "deepseek", "deepseek", seed=3)
+    save_tiny(root / "mimo", Qwen2Config, seed=6)
+    add_module(root / "mimo", "mimo", seed=4)
+    save_separate(root / "separate", root / "deepseek", "deepseek", seed=9)
+    save_separate(root / "separate-mimo", root / "deepseek", "mimo", seed=8, own_head=False)
+    return root
+
+
+@pytest.mark.parametrize("target_name, module", [("deepseek", None), ("mimo", None), ("deepseek", "separate"),
+                                                  ("deepseek", "separate-mimo")])
+def test_greedy_identical_to_plain(dirs, target_name, module):
+    target = load_model(dirs / target_name, "cpu", torch.float32)
+    plain = [generate(target, p)[0] for p in PROMPTS]
+    accepted = 0
+    for k in (1, 2, 3, 5):
+        spec = Speculation(proposer(target, module and dirs / module), SpecLength(k))
+        for i, prompt in enumerate(PROMPTS):
+            out, stats = generate(target, prompt, spec)
+            assert out == plain[i], (target_name, module, k, i)
+            accepted += stats.accepted
+    assert accepted > 0  # drafts were verified and some stood
+
+
+def test_int4_target_with_quantized_modules(dirs):
+    target = quantize_model(load_model(dirs / "deepseek", "cpu", torch.float32), "int4", group_size=32)
+    for module, quant in ((None, None), ("separate", "int4"), (None, "int4")):
+        spec = Speculation(proposer(target, module and dirs / module, quant), SpecLength(3))
+        for prompt in PROMPTS[:3]:
+            assert generate(target, prompt, spec)[0] == generate(target, prompt)[0], (module, quant)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A VOCAB-token target with a DeepSeek-V3 module, as test_sampling_exact's: one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("mtp-small")
+    torch.manual_seed(11)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    model.save_pretrained(root)
+    add_module(root, "deepseek", seed=5, scale=3.0)
+    yield load_model(root, device="cpu")
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", ["temperature 1", "top-k 3, temperature 0.8"])
+def test_sampling_matches_target_distribution(small, name):
+    params = SETTINGS[name]
+    pairs, thirds, accepted, proposed = sampled_counts(small, proposer(small, max_len=16), params)
+    assert 0.05 < accepted / proposed < 0.9, accepted / proposed
+    joint, third = exact_distributions(small, params)
+    assert chi_square_pvalue(pairs, joint) > 1e-4
+    assert chi_square_pvalue(thirds, third) > 1e-4
+
+
+def test_cli_generate_with_mtp_equals_plain(tmp_path):
+    """`speclite generate --sp-type mtp`: the module from the target's checkpoint, and from --draft."""
+    target_dir = tmp_path / "target"
+    save_model(target_dir, "llama", seed=5, hidden=64, layers=4, intermediate_size=128)
+    add_module(target_dir, "deepseek", seed=3)
+    save_separate(tmp_path / "module", target_dir, "deepseek", seed=7)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in
+                                               enumerate(["def add(a, b):", "for i in range(10):", "import os"])))
+
+    def run(out, *flags):
+        r = subprocess.run([sys.executable, "-m", "speclite.cli", "generate", "--model", str(target_dir),
+                            "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / out), "--max-new-tokens", "12",
+                            *flags], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        return {rec["id"]: rec for rec in map(json.loads, (tmp_path / out).read_text().splitlines())}
+
+    plain = {i: r["token_ids"] for i, r in run("plain.jsonl").items()}
+    separate = ("--draft", str(tmp_path / "module"), "--draft-quant", "int4")
+    for out, flags in (("own.jsonl", ()), ("draft.jsonl", separate)):
+        mtp = run(out, "--sp-type", "mtp", "--gen-num-per-cycle", "3", *flags)
+        assert {i: r["token_ids"] for i, r in mtp.items()} == plain, flags
+        assert all(r["aux_info"]["accepted_per_position"] for r in mtp.values())  # drafts were verified
