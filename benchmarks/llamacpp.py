@@ -13,7 +13,7 @@ speclite loads the same directory with `--quant` at load time.
 Rows: bf16 vs f16, w8a8 vs Q8_0, int4 vs Q4_0 (group 32, as Q4_0), int4/int4 (head too) vs Q4_0
 (llama-quantize --pure, head too). Decode = tg64 after a 32-token prompt (llama-bench -n 64 -d 32),
 prefill = pp128 (llama-bench -p 128). Then the embedded pair (tiny-code + tiny-code-draft): plain
-decoding and vanilla k=4 against llama-bench and llama-speculative (--draft-max 4) on the pair as
+decoding and vanilla k=4 against llama-bench and llama-speculative (--spec-draft-n-max 4) on the pair as
 GGUF f32. Each round runs every contestant once; the median over --rounds is printed, with the CPU
 model, its ISA flags and the measured copy bandwidth. Run it on an idle machine: the numbers are
 only as good as the quiet around them.
@@ -34,9 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+from speclite import hub  # before torch: speclite bounds OpenMP's spinning as torch loads it (README, Threads)
 
-from speclite import hub
+import torch  # noqa: E402
 from speclite.api import LLM
 from speclite.engine.loop import Request, decode
 from speclite.sampling import SamplingParams
@@ -122,8 +122,8 @@ def llama_bench(bins: Path, model: Path, threads: int, mode: str) -> float:
 
 def llama_speculative(bins: Path, target: Path, draft: Path, threads: int, k: int, n: int) -> float:
     done = subprocess.run([str(bins / "llama-speculative"), "-m", str(target), "-md", str(draft), "-p", PAIR_PROMPT,
-                           "-n", str(n), "--draft-max", str(k), "--draft-min", "0", "-t", str(threads), "-td",
-                           str(threads), "--temp", "0", "--top-k", "1", "-c", "512", "--no-warmup"],
+                           "-n", str(n), "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "-t", str(threads), "-td",
+                           str(threads), "--temp", "0", "--top-k", "1", "-c", "512"],
                           capture_output=True, text=True)
     found = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", done.stderr + done.stdout)
     if found is None:
@@ -248,10 +248,10 @@ def main():
         print(f"| {label} vs {kind.upper().replace('-PURE', ' (pure)')} | {d:.1f} | {ld:.1f} | {d / ld:.2f} "
               f"| {p:.0f} | {lp:.0f} | {p / lp:.2f} |")
     if pair:
-        print("\nembedded pair (tiny-code + tiny-code-draft; speclite bf16, llama.cpp GGUF f32), 128 tokens\n")
+        print("\nembedded pair (tiny-code + tiny-code-draft; float32 in both: speclite on the CPU default, llama.cpp GGUF f32), 128 tokens\n")
         print("| method | speclite tok/s | llama.cpp tok/s | ratio |")
         print("|---|---|---|---|")
-        for method, peer in (("plain", "llama-bench tg64 -d 32"), ("vanilla", "llama-speculative --draft-max 4")):
+        for method, peer in (("plain", "llama-bench tg64 -d 32"), ("vanilla", "llama-speculative --spec-draft-n-max 4")):
             s, ll = m[f"pair/speclite/{method}"], m[f"pair/llama/{method}"]
             print(f"| {method} k={4 if method == 'vanilla' else 0} vs {peer} | {s:.0f} | {ll:.0f} | {s / ll:.2f} |")
 
