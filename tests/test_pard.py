@@ -65,6 +65,15 @@ def test_greedy_identical_to_plain_for_every_k(pard, plain):
     assert 0 < sum(rates) / len(rates) < 1, rates  # drafts are accepted and rejected
 
 
+def test_static_steps_are_exact(pard, plain):
+    """--static: the draft's one forward (pending tokens + masks, up to 2k rows) runs the fixed-shape step."""
+    target, draft, _ = pard
+    for k in (3, 8):
+        llm = LLM(target, {"method": "pard", "model": str(draft), "num_speculative_tokens": k}, static=True)
+        for prompt in PROMPTS[:3]:
+            assert llm.generate(prompt, GREEDY)[0].token_ids == plain[prompt], (k, prompt)
+
+
 def test_vllm_parallel_drafting_and_auto_k(pard, plain):
     """vLLM's spelling selects pard; `auto` k is exact and charges a parallel draft once per iteration."""
     target, draft, _ = pard
@@ -184,3 +193,21 @@ def test_cli_generate_with_mask_token_flag_equals_plain(pair, stranger, tmp_path
                         "--gen-num-per-cycle", "3")
     assert pard_ids == plain_ids
     assert "avg tokens / iteration" in log
+
+
+def test_bench_runs_pard_beside_vanilla(pard, tmp_path):
+    """`speclite bench --sp-type vanilla,pard`: the one draft serves both, pard reads its mask token
+    from the draft's config, and every run's output equals plain decoding's."""
+    from click.testing import CliRunner
+
+    from speclite.cli import cli
+
+    target, draft, _ = pard
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench", "--model", str(target), "--draft", str(draft), "--sp-type", "vanilla,pard",
+                                      "--k", "2,4", "--prompts", "builtin:code", "--max-new-tokens", "8",
+                                      "--threads", "1", "--repeats", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = {r["label"]: r for r in json.loads(out.read_text())["configs"]}
+    assert {"pard k=2", "pard k=4"} <= set(rows), sorted(rows)
+    assert all(r["same_as_plain"] for r in rows.values())

@@ -35,6 +35,8 @@ class Option:
         return self.flag or "--" + self.name.replace("_", "-")
 
     def convert(self, value):
+        if value is None and self.default is None:
+            return None  # an optional option left unset (a CLI flag's default arrives as None)
         if isinstance(value, self.type) and not (self.type is int and isinstance(value, bool)):
             return value
         try:
