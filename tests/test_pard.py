@@ -83,6 +83,10 @@ def test_vllm_parallel_drafting_and_auto_k(pard, plain):
     assert llm.engine.spec.length.flat_draft
     for prompt in PROMPTS[:3]:
         assert llm.generate(prompt, GREEDY)[0].token_ids == plain[prompt]
+    assert SpecConfig.from_vllm({"method": "draft_model", "parallel_drafting": False,
+                                 "model": "d"}).validated().method == "vanilla"
+    with pytest.raises(SpecliteError, match="'parallel_drafting' applies to method 'vanilla'"):
+        SpecConfig.from_vllm({"method": "eagle3", "parallel_drafting": True, "model": "d"})
 
 
 def test_flat_draft_cost_keeps_k_high():
