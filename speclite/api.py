@@ -23,7 +23,7 @@ from speclite.model.static import StaticDecoder
 from speclite.model.validate import check_model_files, context_length
 from speclite.request import check_extra_config, check_prompt
 from speclite.speculate import BuildContext, build_proposer, get_method
-from speclite.speculate.registry import NONE, all_options, method_options, normalize_method
+from speclite.speculate.registry import NONE, all_options, method_options, normalize_method, vllm_flags, vllm_method
 from speclite.speculate.schedule import spec_length
 from speclite.speculate.verify import check_names
 
@@ -46,11 +46,11 @@ class SpecConfig:
     def from_vllm(cls, config: dict) -> "SpecConfig":
         """A vLLM-style speculative_config dict."""
         method_keys = {o.vllm: o.name for o in all_options() if o.vllm}
-        unknown = set(config) - set(VLLM_KEYS) - set(method_keys)
+        unknown = set(config) - set(VLLM_KEYS) - set(method_keys) - vllm_flags()
         if unknown:
             raise SpecliteError(f"unknown speculative_config keys: {', '.join(sorted(unknown))}")
         fields = {VLLM_KEYS[key]: value for key, value in config.items() if key in VLLM_KEYS}
-        fields["method"] = config.get("method") or ("vanilla" if config.get("model") else "none")
+        fields["method"] = vllm_method(config)
         options = {method_keys[key]: value for key, value in config.items() if key in method_keys}
         return cls(**fields, options=options)
 
@@ -166,11 +166,10 @@ class LLM:
                 raise SpecliteError(f"--sp-type {cfg.method} needs --draft"
                                     + (f": models.toml recommends no draft for '{self.model_name}'"
                                        if method.draft_is_model else ""))
+            draft_dir = hub.resolve(draft, models_file)
             if method.draft_is_model:
                 draft_model = load_draft(draft, self.tokenizer, self.model_name, self.device, self.dtype,
                                          cfg.draft_quant, models_file)
-            else:
-                draft_dir = hub.resolve(draft, models_file)
             self.draft_name = str(draft)
         ctx = BuildContext(cfg.options, self.target, draft_model, self.max_len, draft_dir, cfg.draft_quant)
         proposer = build_proposer(cfg.method, ctx)

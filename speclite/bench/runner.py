@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from speclite import hub
 from speclite.api import LLM, load_draft
 from speclite.bench.memory import MemoryMeter
 from speclite.bench.prompts import BenchPrompt
@@ -60,6 +62,7 @@ class BenchModels:
     draft: object | None  # speclite Transformer
     draft_name: str | None
     static: bool = False
+    draft_dir: Path | None = None  # the resolved draft directory (a PARD draft's config names its mask token)
 
     @classmethod
     def load(cls, model: str, draft: str | None, quants: list[str | None], *, device, dtype, draft_quant=None,
@@ -67,11 +70,12 @@ class BenchModels:
         llms = {q: LLM(model, None, device=device, dtype=dtype, quant=q, models_file=models_file,
                        max_model_len=max_model_len, static=static) for q in quants}
         first = next(iter(llms.values()))
-        draft_model = None
+        draft_model = draft_dir = None
         if draft is not None:
+            draft_dir = hub.resolve(draft, models_file)
             draft_model = load_draft(draft, first.tokenizer, str(model), first.device, first.dtype, draft_quant,
                                      models_file)
-        return cls(llms, draft_model, draft, static)
+        return cls(llms, draft_model, draft, static, draft_dir)
 
 
 class Runner:
@@ -110,7 +114,8 @@ class Runner:
         cfg = config.spec_config(self.models.draft_name, self.method_options)
         method = get_method(cfg.method)
         draft = self.models.draft if method.needs_draft else None
-        proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len))
+        proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len,
+                                                           self.models.draft_dir))
         if self.models.static:
             proposer.use_static()
         return proposer

@@ -10,6 +10,23 @@ from speclite.speculate.base import Proposal, Proposer, RequestContext
 from speclite.speculate.registry import Method, register
 
 
+def over_vocab(logits: torch.Tensor, v: int) -> torch.Tensor:
+    """Draft logits [..., V'] over the target's vocabulary of v: Qwen-style checkpoints pad their
+    vocabularies to different sizes, so extra rows are cut and missing ones can never be drafted."""
+    if logits.shape[-1] >= v:
+        return logits[..., :v]
+    return torch.cat([logits, logits.new_full((*logits.shape[:-1], v - logits.shape[-1]), float("-inf"))], dim=-1)
+
+
+def draw(logits: torch.Tensor, ctx: RequestContext) -> tuple[int, torch.Tensor | None]:
+    """One draft from its logits: the argmax when greedy, else a sample from the warped
+    distribution (returned too, for rejection sampling) with the request's generator."""
+    if ctx.params.greedy:
+        return int(torch.argmax(logits)), None
+    q = warp(logits, ctx.params)
+    return sample(q, uniform(ctx.generator)), q
+
+
 class DraftModelProposer(Proposer):
     name = "vanilla"
 
@@ -45,30 +62,21 @@ class DraftModelProposer(Proposer):
 
     def _next_logits(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, device=self.ctx.device)
-        logits = self.model(ids, self.cache, num_logits=1)[-1]
-        # Qwen-style checkpoints pad the vocabulary to different sizes: compare over the target's.
-        v = self.target_vocab
-        if logits.shape[-1] >= v:
-            return logits[:v]
-        return torch.cat([logits, logits.new_full((v - logits.shape[-1],), float("-inf"))])
+        return over_vocab(self.model(ids, self.cache, num_logits=1)[-1], self.target_vocab)
 
     def propose(self, k: int) -> Proposal:
         if self.cache.length >= len(self.tokens):
             self.cache.rollback(len(self.tokens) - 1)  # the last token's logits are needed again
         pending = self.tokens[self.cache.length :]
         k = min(k, self.cache.max_len - self.cache.length - len(pending) + 1)
-        params, gen = self.ctx.params, self.ctx.generator
         self.drafts, probs = [], []
         with torch.inference_mode():
             logits = self._next_logits(pending)
             for i in range(k):
-                if params.greedy:
-                    token = int(torch.argmax(logits))
-                else:
-                    q = warp(logits, params)
-                    token = sample(q, uniform(gen))
-                    probs.append(q)
+                token, q = draw(logits, self.ctx)
                 self.drafts.append(token)
+                if q is not None:
+                    probs.append(q)
                 if i < k - 1:
                     logits = self._next_logits([token])
         return Proposal(self.drafts, torch.stack(probs) if probs else None)

@@ -35,6 +35,8 @@ class Option:
         return self.flag or "--" + self.name.replace("_", "-")
 
     def convert(self, value):
+        if value is None and self.default is None:
+            return None  # an optional option left unset (a CLI flag's default arrives as None)
         if isinstance(value, self.type) and not (self.type is int and isinstance(value, bool)):
             return value
         try:
@@ -57,7 +59,7 @@ class BuildContext:
     target: object  # the target Transformer: its embedding / lm_head for heads that share them
     draft: object | None  # the loaded --draft model (needs_draft and draft_is_model)
     max_len: int  # context length: size of any cache the proposer keeps
-    draft_dir: Path | None = None  # the resolved --draft directory when the builder loads it itself
+    draft_dir: Path | None = None  # the resolved --draft directory (its config, or a head the builder loads itself)
     draft_quant: str | None = None  # --draft-quant, for a builder that loads its own draft
 
     @property
@@ -83,6 +85,12 @@ class Method:
     check: Callable[[dict], None] | None = None  # cross-option validation; raise SpecliteError
     fixed_k: int | None = None  # proposes exactly this many drafts whatever --gen-num-per-cycle says
     in_default_sweep: bool = True  # `speclite bench` without --sp-type runs it (when its draft is known)
+    # One draft forward proposes all k (parallel drafting): `--gen-num-per-cycle auto` charges the
+    # measured draft time per iteration, not per draft.
+    flat_draft_cost: bool = False
+    # (base method, key): vLLM names this method as its base method with this speculative_config
+    # key set true (PARD: `{"method": "draft_model", "parallel_drafting": true}`).
+    vllm_flag: tuple[str, str] | None = None
 
     @property
     def takes_draft(self) -> bool:
@@ -129,6 +137,23 @@ def normalize_method(name: str | None) -> str:
 
 def get_method(name: str) -> Method:
     return METHODS[normalize_method(name)]
+
+
+def vllm_flags() -> set[str]:
+    """speculative_config keys that select a method spelled as another one plus a flag."""
+    return {m.vllm_flag[1] for m in METHODS.values() if m.vllm_flag}
+
+
+def vllm_method(config: dict) -> str:
+    """The method a vLLM speculative_config names (a model alone means a draft model)."""
+    name = config.get("method") or ("vanilla" if config.get("model") else NONE)
+    for method in METHODS.values():
+        if method.vllm_flag and config.get(method.vllm_flag[1]):
+            base, flag = method.vllm_flag
+            if normalize_method(name) != base:
+                raise SpecliteError(f"speculative_config '{flag}' applies to method '{base}', not '{name}'")
+            return method.name
+    return name
 
 
 def all_options() -> list[Option]:

@@ -27,15 +27,16 @@ class AdaptiveSpecLength(SpecLength):
 
     With a per-draft acceptance rate a (an exponential moving average), k drafts yield
     (1 - a^(k+1)) / (1 - a) tokens per iteration and cost k draft steps plus one verify pass, both
-    timed. k = 0 (plain decoding) wins where speculation cannot pay; then a one-draft probe every
-    `probe_every` iterations keeps the estimates fresh so speculation can come back.
+    timed; a parallel draft (`flat_draft`) costs one draft forward whatever k. k = 0 (plain
+    decoding) wins where speculation cannot pay; then a one-draft probe every `probe_every`
+    iterations keeps the estimates fresh so speculation can come back.
     """
 
-    def __init__(self, k_max: int = 8, decay: float = 0.8, probe_every: int = 16):
+    def __init__(self, k_max: int = 8, decay: float = 0.8, probe_every: int = 16, flat_draft: bool = False):
         super().__init__(k_max)
-        self.k_max, self.decay, self.probe_every = k_max, decay, probe_every
+        self.k_max, self.decay, self.probe_every, self.flat_draft = k_max, decay, probe_every, flat_draft
         self.accept = 0.7  # optimistic start: speculate until measured otherwise
-        self.draft_step_s: float | None = None
+        self.draft_step_s: float | None = None  # per draft, or per iteration when flat_draft
         self.verify_s: float | None = None
         self.since_probe = 0
 
@@ -45,7 +46,7 @@ class AdaptiveSpecLength(SpecLength):
     def observe(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.verify_s = self._ema(self.verify_s, verify_s)
         if proposed:
-            self.draft_step_s = self._ema(self.draft_step_s, draft_s / proposed)
+            self.draft_step_s = self._ema(self.draft_step_s, draft_s if self.flat_draft else draft_s / proposed)
             # Acceptance of each offered draft up to and including the first rejection.
             offered = min(accepted + 1, proposed)
             for i in range(offered):
@@ -58,7 +59,8 @@ class AdaptiveSpecLength(SpecLength):
         a = min(self.accept, 0.999)
         best_k, best_rate = 0, 1.0 / self.verify_s
         for k in range(1, self.k_max + 1):
-            rate = ((1 - a ** (k + 1)) / (1 - a)) / (k * self.draft_step_s + self.verify_s)
+            draft_s = self.draft_step_s if self.flat_draft else k * self.draft_step_s
+            rate = ((1 - a ** (k + 1)) / (1 - a)) / (draft_s + self.verify_s)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -81,5 +83,5 @@ def spec_length(k: int | str, method: Method) -> SpecLength:
     if method.fixed_k is not None:
         return SpecLength(method.fixed_k)
     if k == "auto":
-        return AdaptiveSpecLength()
+        return AdaptiveSpecLength(flat_draft=method.flat_draft_cost)
     return SpecLength(k)
