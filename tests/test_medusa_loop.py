@@ -40,6 +40,15 @@ def save_target(path):
     return load_model(path, "cpu", torch.float32)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These tiny ops only lose to thread hand-offs, badly so on a shared, busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     return save_target(tmp_path_factory.mktemp("medusa-loop"))
@@ -109,8 +118,6 @@ def test_int4_target_and_int4_heads(tmp_path, heads):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """test_sampling_exact's setting: a target over VOCAB tokens, and heads started from its lm_head."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("medusa-small")
     torch.manual_seed(11)
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -120,13 +127,13 @@ def small(tmp_path_factory):
         model.lm_head.weight.mul_(4.0)
     model.save_pretrained(root / "target")
     save_heads(root / "heads", "medusa", 32, VOCAB, heads=2, seed=5, base=model.lm_head.weight)
-    yield load_model(root / "target", device="cpu"), root / "heads"
-    torch.set_num_threads(threads)
+    return load_model(root / "target", device="cpu"), root / "heads"
 
 
-@pytest.mark.parametrize("kw", [{}, {"topk": 2}], ids=["sampled-chain", "tree"])
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=3)],
-                         ids=["T1", "topk3"])
+@pytest.mark.parametrize("kw, params", [({}, SamplingParams(temperature=1.0)),
+                                        ({}, SamplingParams(temperature=0.8, top_k=3)),
+                                        ({"topk": 2}, SamplingParams(temperature=0.8, top_k=3))],
+                         ids=["sampled-chain-T1", "sampled-chain-topk3", "tree-topk3"])
 def test_sampling_matches_target_distribution(small, params, kw):
     target, head_dir = small
     pairs, thirds, accepted, proposed = sampled_counts(target, MedusaProposer(load_draft(head_dir, target), **kw), params)
