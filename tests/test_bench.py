@@ -130,7 +130,7 @@ def test_plot_is_a_png(pair, tmp_path):
     (["--model", "x", "--synthetic", "qwen2.5-7b"], "exactly one of --model and --synthetic"),
     (["--synthetic-draft", "qwen2.5-0.5b", "--model", "x"], "--synthetic-draft needs --synthetic"),
     (["--k", "0"], "--k values are numbers"),
-    (["--sp-type", "medusa"], "unknown --sp-type 'medusa'"),
+    (["--sp-type", "nosuchmethod"], "unknown --sp-type 'nosuchmethod'"),
     (["--prompts", "builtin:poetry"], "unknown workload 'poetry'"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--json", "/nonexistent/dir/b.json"], "cannot write --json"),

@@ -77,7 +77,8 @@ def test_plain_decoding_has_no_speculation_flags():
 
 @pytest.mark.parametrize("args", [["--quant", "int4"], ["--sp-type", "vanilla", "--draft-quant", "int4"],
                                   ["--sp-type", "vanilla", "--gen-num-per-cycle", "auto"],
-                                  ["--sp-type", "vanilla", "--verify", "topp"]])
+                                  ["--sp-type", "vanilla", "--verify", "topp"],
+                                  ["--sp-type", "vanilla", "--verify", "typical"]])
 def test_no_equivalent_is_one_clear_error(args):
     r = run(*args, "--print-engine-command", "vllm")
     assert isinstance(r.exception, SpecliteError) and "equivalent" in str(r.exception)

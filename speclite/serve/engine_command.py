@@ -77,8 +77,10 @@ def _check_portable(quant, draft_quant, k, verify, accept_policy) -> None:
                             "`speclite quantize` and pass --draft DIR")
     if k == "auto":
         raise SpecliteError("--gen-num-per-cycle auto (adaptive k) has no equivalent there: pass a number")
-    if verify in ("topp", "target_match") or accept_policy != "normal":
-        raise SpecliteError("--verify topp/target_match and --accept-policy have no equivalent there")
+    if verify not in (None, "greedy", "rejection"):  # both engines verify greedily or by rejection sampling
+        raise SpecliteError(f"--verify {verify} has no equivalent there")
+    if accept_policy != "normal":
+        raise SpecliteError("--accept-policy has no equivalent there")
 
 
 def _recommended(model: str, models_file) -> str:

@@ -24,6 +24,10 @@ Verifier = Callable[[Proposal, torch.Tensor, SamplingParams, torch.Generator], t
 
 # Nucleus mass the `topp` verifier accepts drafts from when the request itself sets no top_p.
 TOPP_VERIFY_MASS = 0.8
+# Medusa's typical acceptance: a draft stands when the target gives it more than
+# min(epsilon, delta * exp(-entropy)); the Medusa paper's defaults (posterior_threshold, posterior_alpha).
+TYPICAL_EPSILON = 0.09
+TYPICAL_DELTA = 0.3  # sqrt(epsilon)
 
 
 def _walk(proposal: Proposal, step) -> tuple[list[int], int]:
@@ -122,6 +126,34 @@ def topp(proposal, logits, params, generator) -> tuple[list[int], int]:
     return _walk(proposal, step)
 
 
+def typical(proposal, logits, params, generator) -> tuple[list[int], int]:
+    """Medusa's typical acceptance (lossy): a draft passes when the target's warped probability of it
+    exceeds min(TYPICAL_EPSILON, TYPICAL_DELTA * exp(-H)), H the entropy at its parent. As in Medusa,
+    the longest path whose every draft passes stands (ties: the likeliest under the target); the
+    next token is drawn from the target's distribution at its end."""
+    if params.greedy:
+        return greedy(proposal, logits, params, generator)
+    p_all = warp(logits, params)
+    entropy = torch.special.entr(p_all).sum(dim=-1)
+    threshold = (TYPICAL_DELTA * torch.exp(-entropy)).clamp(max=TYPICAL_EPSILON)
+    parents = proposal.parents if proposal.parents is not None else list(range(-1, len(proposal.tokens) - 1))
+    rows = torch.tensor([parent + 1 for parent in parents], dtype=torch.long, device=p_all.device)
+    p_draft = p_all[rows, torch.tensor(proposal.tokens, dtype=torch.long, device=p_all.device)]
+    passes = (p_draft > threshold[rows]).tolist()
+    log_p = torch.log(p_draft).tolist()
+    # (depth, log-likelihood) of each draft whose whole path passes; parents come before children.
+    score: dict[int, tuple[int, float]] = {-1: (0, 0.0)}
+    for i, parent in enumerate(parents):
+        if passes[i] and parent in score:
+            score[i] = (score[parent][0] + 1, score[parent][1] + log_p[i])
+    end = max(score, key=lambda i: score[i])
+    path, node = [], end
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1], sample(p_all[end + 1], uniform(generator))
+
+
 def accept_all(proposal, logits, params, generator) -> tuple[list[int], int]:
     """The first child at every level stands (debugging; a chain's tokens per iteration is k+1,
     to measure loop overhead)."""
@@ -141,6 +173,7 @@ VERIFIERS: dict[str, Verifier] = {
     "greedy": greedy,
     "rejection": rejection,
     "topp": topp,
+    "typical": typical,
     "target_match": target_match,
 }
 # --accept-policy choices: "normal" verifies with the --verify verifier; the others replace it.
