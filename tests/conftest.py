@@ -119,3 +119,21 @@ def pair(tmp_path_factory, tokenizer):
 def stranger(tmp_path_factory, tokenizer):
     """A draft of the same tokenizer that disagrees with the pair's target almost always."""
     return _saved(tmp_path_factory.mktemp("stranger") / "m", "llama", tokenizer, seed=9, hidden=48, layers=1)
+
+
+CLI_PROMPTS = ["def add(a, b):", "for i in range(10):", "import os"]
+
+
+def cli_generate(model_dir, out_dir, name: str, *flags, max_new_tokens: int = 12) -> dict[int, list[int]]:
+    """`speclite generate` on CLI_PROMPTS in a fresh process: {id: record} of `name`.jsonl in out_dir."""
+    import json
+    import subprocess
+    import sys
+
+    inp, out = out_dir / "cli-prompts.jsonl", out_dir / name
+    inp.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(CLI_PROMPTS)))
+    r = subprocess.run([sys.executable, "-m", "speclite.cli", "generate", "--model", str(model_dir), "-i", str(inp),
+                        "-o", str(out), "--max-new-tokens", str(max_new_tokens), *flags],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines())}

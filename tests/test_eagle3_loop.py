@@ -5,9 +5,8 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
-from conftest import save_model
+from conftest import cli_generate, save_model
 from eagle3_heads import save_head
 from speclite.engine.loop import Request, Speculation, decode
 from speclite.model import load_model
@@ -15,7 +14,7 @@ from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
 from speclite.speculate.eagle3 import Eagle3Proposer, load_draft
 from speclite.speculate.schedule import SpecLength
-from test_sampling_exact import chi_square_pvalue, exact_distributions
+from test_sampling_exact import VOCAB, chi_square_pvalue, exact_distributions, one_thread, sampled_counts, save_small_target
 
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)
 rng = random.Random(7)
@@ -81,40 +80,14 @@ def test_int4_target_and_int4_head(tmp_path, heads):
                 assert generate(target, prompt, spec)[0] == generate(target, prompt)[0], (layout, tree)
 
 
-# Sampling: a small vocabulary so the head, though random, agrees with the target often enough.
-VOCAB, PROMPT, SAMPLES = 8, [1, 5, 2, 7], 2000
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    """test_sampling_exact's small-vocabulary target, so that a random head agrees with it often enough."""
     root = tmp_path_factory.mktemp("eagle3-small")
-    torch.manual_seed(11)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)
-    model.save_pretrained(root / "target")
+    save_small_target(root / "target", layers=4)
     save_head(root / "head", "speculators", 32, VOCAB, draft_vocab=6, seed=5, scale=3.0)
-    yield load_model(root / "target", device="cpu"), root / "head"
-    torch.set_num_threads(threads)
-
-
-def sampled(target, head_dir, params, tree):
-    pairs = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-    thirds = torch.zeros(VOCAB, dtype=torch.float64)
-    spec = Speculation(Eagle3Proposer(load_draft(head_dir, target), target.model.embed_tokens, 16, VOCAB, **tree),
-                       SpecLength(2 if not tree else tree["num_draft_tokens"] - 1))
-    accepted = proposed = 0
-    for i in range(SAMPLES):
-        p = SamplingParams(max_new_tokens=3, temperature=params.temperature, top_k=params.top_k, seed=1000 + i)
-        out, stats = generate(target, PROMPT, spec, p)
-        pairs[out[0], out[1]] += 1
-        thirds[out[2]] += 1
-        accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
-    return pairs, thirds, accepted / proposed
+    with one_thread():
+        yield load_model(root / "target", device="cpu"), root / "head"
 
 
 @pytest.mark.parametrize("tree", [{}, {"topk": 2, "steps": 2, "num_draft_tokens": 5}], ids=["chain", "tree"])
@@ -122,8 +95,9 @@ def sampled(target, head_dir, params, tree):
                          ids=["T1", "topk3"])
 def test_sampling_matches_target_distribution(small, params, tree):
     target, head_dir = small
-    pairs, thirds, accept_rate = sampled(target, head_dir, params, tree)
-    assert 0.05 < accept_rate < 0.9, accept_rate
+    proposer = Eagle3Proposer(load_draft(head_dir, target), target.model.embed_tokens, 16, VOCAB, **tree)
+    pairs, thirds, accepted, proposed = sampled_counts(target, proposer, params, tree.get("num_draft_tokens", 3) - 1)
+    assert 0.05 < accepted / proposed < 0.9, accepted / proposed
     joint, third = exact_distributions(target, params)
     assert chi_square_pvalue(pairs, joint) > 1e-4
     assert chi_square_pvalue(thirds, third) > 1e-4
@@ -133,25 +107,15 @@ def test_cli_generate_with_an_eagle3_head_equals_plain(tmp_path):
     """`speclite generate --sp-type eagle3 --draft HEAD` end to end: the head loads from --draft (no
     tokenizer of its own), the tree flags reach it, and the token ids equal plain decoding's."""
     import json
-    import subprocess
-    import sys
 
     target_dir, head_dir = tmp_path / "target", tmp_path / "head"
     save_model(target_dir, "llama", seed=5, hidden=64, layers=6, intermediate_size=128)
     vocab = json.loads((target_dir / "config.json").read_text())["vocab_size"]
     save_head(head_dir, "specforge", 64, vocab, None, seed=3, scale=4.0, inter=128)
-    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in
-                                               enumerate(["def add(a, b):", "for i in range(10):", "import os"])))
 
-    def run(out, *flags):
-        r = subprocess.run([sys.executable, "-m", "speclite.cli", "generate", "--model", str(target_dir),
-                            "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / out), "--max-new-tokens", "12",
-                            *flags], capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr
-        return {rec["id"]: rec for rec in map(json.loads, (tmp_path / out).read_text().splitlines())}
-
-    plain = run("plain.jsonl")
-    tree = run("tree.jsonl", "--sp-type", "eagle3", "--draft", str(head_dir), "--gen-num-per-cycle", "4",
-               "--eagle-topk", "2", "--eagle-steps", "3", "--eagle-num-draft-tokens", "5")
+    plain = cli_generate(target_dir, tmp_path, "plain.jsonl")
+    tree = cli_generate(target_dir, tmp_path, "tree.jsonl", "--sp-type", "eagle3", "--draft", str(head_dir),
+                        "--gen-num-per-cycle", "4", "--eagle-topk", "2", "--eagle-steps", "3",
+                        "--eagle-num-draft-tokens", "5")
     assert {i: r["token_ids"] for i, r in tree.items()} == {i: r["token_ids"] for i, r in plain.items()}
     assert all(r["aux_info"]["accepted_per_position"] for r in tree.values())  # drafts were verified

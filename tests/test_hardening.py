@@ -294,7 +294,7 @@ QUANTIZE_DIRS = [c for c in BAD_DIRS if c[1] is not None and not c[2]]
 @pytest.mark.parametrize("name, edit, flags, message", QUANTIZE_DIRS, ids=[c[0] for c in QUANTIZE_DIRS])
 def test_quantize_refuses_a_bad_model_directory_in_one_line(monkeypatch, capsys, files, name, edit, flags, message):
     root, _ = files
-    model = make_dir_case(root, name, edit)
+    model = make_dir_case(root, f"quantize-{name}", edit)
     out = root / f"{name}-int4"
     code, err = run_main(monkeypatch, capsys, ["quantize", model, "--scheme", "int4", "-o", out, "--no-eval"])
     assert code == 1 and not out.exists()

@@ -7,9 +7,8 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
-from conftest import save_model
+from conftest import cli_generate, save_model
 from medusa_heads import save_heads
 from speclite.engine.loop import Request, Speculation, decode
 from speclite.model import load_model
@@ -21,7 +20,8 @@ from speclite.speculate.medusa import MedusaProposer, load_draft
 from speclite.speculate.medusa.tree import parse_tree
 from speclite.speculate.schedule import SpecLength
 from speclite.speculate.verify import TYPICAL_DELTA, TYPICAL_EPSILON, typical
-from test_sampling_exact import PROMPT, VOCAB, chi_square_pvalue, exact_distributions, sampled_counts
+from test_sampling_exact import (PROMPT, VOCAB, chi_square_pvalue, exact_distributions, one_thread, sampled_counts,
+                                 save_small_target)
 
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)
 rng = random.Random(3)
@@ -41,12 +41,9 @@ def save_target(path):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tiny ops only lose to thread hand-offs, badly so on a shared, busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def single_thread():
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -117,15 +114,9 @@ def test_int4_target_and_int4_heads(tmp_path, heads):
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    """test_sampling_exact's setting: a target over VOCAB tokens, and heads started from its lm_head."""
+    """test_sampling_exact's small-vocabulary target, and heads started from its lm_head."""
     root = tmp_path_factory.mktemp("medusa-small")
-    torch.manual_seed(11)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)
-    model.save_pretrained(root / "target")
+    model = save_small_target(root / "target", layers=2)
     save_heads(root / "heads", "medusa", 32, VOCAB, heads=2, seed=5, base=model.lm_head.weight)
     return load_model(root / "target", device="cpu"), root / "heads"
 
@@ -184,25 +175,12 @@ def test_typical_is_a_verifier_choice_through_the_loop(target, heads):
 def test_cli_generate_with_medusa_heads_equals_plain(tmp_path):
     """`speclite generate --sp-type medusa --draft HEADS`: the heads load from --draft, the tree flag
     reaches them, and the token ids equal plain decoding's."""
-    import json
-    import subprocess
-    import sys
-
     target_dir, head_dir = tmp_path / "target", tmp_path / "heads"
     target = save_model(target_dir, "llama", seed=5, hidden=64, layers=4, intermediate_size=128)
     save_heads(head_dir, "medusa", 64, target.config.vocab_size, heads=3, seed=3, base=target.lm_head.weight)
-    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in
-                                               enumerate(["def add(a, b):", "for i in range(10):", "import os"])))
 
-    def run(out, *flags):
-        r = subprocess.run([sys.executable, "-m", "speclite.cli", "generate", "--model", str(target_dir),
-                            "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / out), "--max-new-tokens", "12",
-                            *flags], capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr
-        return {rec["id"]: rec for rec in map(json.loads, (tmp_path / out).read_text().splitlines())}
-
-    plain = run("plain.jsonl")
-    tree = run("tree.jsonl", "--sp-type", "medusa", "--draft", str(head_dir), "--gen-num-per-cycle", "5",
-               "--medusa-tree", "[[0], [1], [0, 0], [0, 1], [0, 0, 0]]")
+    plain = cli_generate(target_dir, tmp_path, "plain.jsonl")
+    tree = cli_generate(target_dir, tmp_path, "tree.jsonl", "--sp-type", "medusa", "--draft", str(head_dir),
+                        "--gen-num-per-cycle", "5", "--medusa-tree", "[[0], [1], [0, 0], [0, 1], [0, 0, 0]]")
     assert {i: r["token_ids"] for i, r in tree.items()} == {i: r["token_ids"] for i, r in plain.items()}
     assert all(r["aux_info"]["accepted_per_position"] for r in tree.values())  # drafts were verified

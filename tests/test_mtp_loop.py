@@ -2,16 +2,13 @@
 checkpoint, MiMo target, separate checkpoint; float32 and int4), sampled output follows the
 target's exact warped distributions, and `speclite generate --sp-type mtp` end to end."""
 
-import json
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from conftest import save_model
+from conftest import cli_generate, save_model
 from mtp_modules import add_module, save_separate
 from speclite.engine.loop import Request, Speculation, decode
 from speclite.model import load_model
@@ -19,7 +16,8 @@ from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
 from speclite.speculate.mtp import MTPProposer, load_draft
 from speclite.speculate.schedule import SpecLength
-from test_sampling_exact import SETTINGS, VOCAB, chi_square_pvalue, exact_distributions, sampled_counts
+from test_sampling_exact import (SETTINGS, VOCAB, chi_square_pvalue, exact_distributions, one_thread, sampled_counts,
+                                 save_small_target)
 
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)
 TINY_VOCAB = 24  # small enough that a random module's drafts are sometimes right
@@ -85,20 +83,12 @@ def test_int4_target_with_quantized_modules(dirs):
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    """A VOCAB-token target with a DeepSeek-V3 module, as test_sampling_exact's: one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    """test_sampling_exact's small-vocabulary target with a DeepSeek-V3 module."""
     root = tmp_path_factory.mktemp("mtp-small")
-    torch.manual_seed(11)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)
-    model.save_pretrained(root)
+    save_small_target(root)
     add_module(root, "deepseek", seed=5, scale=3.0)
-    yield load_model(root, device="cpu")
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield load_model(root, device="cpu")
 
 
 @pytest.mark.parametrize("name", ["temperature 1", "top-k 3, temperature 0.8"])
@@ -117,19 +107,10 @@ def test_cli_generate_with_mtp_equals_plain(tmp_path):
     save_model(target_dir, "llama", seed=5, hidden=64, layers=4, intermediate_size=128)
     add_module(target_dir, "deepseek", seed=3)
     save_separate(tmp_path / "module", target_dir, "deepseek", seed=7)
-    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in
-                                               enumerate(["def add(a, b):", "for i in range(10):", "import os"])))
 
-    def run(out, *flags):
-        r = subprocess.run([sys.executable, "-m", "speclite.cli", "generate", "--model", str(target_dir),
-                            "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / out), "--max-new-tokens", "12",
-                            *flags], capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr
-        return {rec["id"]: rec for rec in map(json.loads, (tmp_path / out).read_text().splitlines())}
-
-    plain = {i: r["token_ids"] for i, r in run("plain.jsonl").items()}
+    plain = {i: r["token_ids"] for i, r in cli_generate(target_dir, tmp_path, "plain.jsonl").items()}
     separate = ("--draft", str(tmp_path / "module"), "--draft-quant", "int4")
     for out, flags in (("own.jsonl", ()), ("draft.jsonl", separate)):
-        mtp = run(out, "--sp-type", "mtp", "--gen-num-per-cycle", "3", *flags)
+        mtp = cli_generate(target_dir, tmp_path, out, "--sp-type", "mtp", "--gen-num-per-cycle", "3", *flags)
         assert {i: r["token_ids"] for i, r in mtp.items()} == plain, flags
         assert all(r["aux_info"]["accepted_per_position"] for r in mtp.values())  # drafts were verified

@@ -7,6 +7,8 @@ joint of the first two and the marginal of the third are compared with the targe
 distributions, computed directly from its warped next-token probabilities.
 """
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
@@ -21,26 +23,42 @@ from speclite.speculate.schedule import SpecLength
 VOCAB, PROMPT, SAMPLES = 8, [1, 5, 2, 7], 2500
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """(target, draft): the draft is the target's weights plus heavy noise, so their top tokens
-    overlap but often differ. One thread: these tiny ops only lose to thread hand-offs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("smallvocab")
+def save_small_target(path, layers: int = 1):
+    """A VOCAB-token target with a peaked head (seed 11), saved to `path`; returns the HF model.
+    Every sampling test draws from this one, so their draft/head settings stay comparable."""
     torch.manual_seed(11)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
         model.lm_head.weight.mul_(4.0)
-    model.save_pretrained(root / "target")
+    model.save_pretrained(path)
+    return model
+
+
+@contextmanager
+def one_thread():
+    """These tiny ops only lose to thread hand-offs, badly so on a shared, busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(target, draft): the draft is the target's weights plus heavy noise, so their top tokens
+    overlap but often differ."""
+    root = tmp_path_factory.mktemp("smallvocab")
+    model = save_small_target(root / "target")
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.7 * p.std() * torch.randn_like(p))
     model.save_pretrained(root / "draft")
-    yield load_model(root / "target", device="cpu"), load_model(root / "draft", device="cpu")
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield load_model(root / "target", device="cpu"), load_model(root / "draft", device="cpu")
 
 
 def exact_distributions(target, params) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,13 +75,13 @@ def exact_distributions(target, params) -> tuple[torch.Tensor, torch.Tensor]:
     return joint, third
 
 
-def sampled_counts(target, proposer, params) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+def sampled_counts(target, proposer, params, k: int = 2) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """Counts of the first two tokens (joint) and the third over SAMPLES seeded requests, speculating
-    with `proposer` under rejection sampling; plus the drafts accepted and proposed."""
+    with `proposer` (k drafts, or a tree of k) under rejection sampling; plus the drafts accepted and proposed."""
     pairs = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     thirds = torch.zeros(VOCAB, dtype=torch.float64)
     cache = target.new_cache(16)
-    spec = Speculation(proposer, SpecLength(2), "rejection")
+    spec = Speculation(proposer, SpecLength(k), "rejection")
     accepted = proposed = 0
     for i in range(SAMPLES):
         request = Request(PROMPT, SamplingParams(max_new_tokens=3, temperature=params.temperature,

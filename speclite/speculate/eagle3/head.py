@@ -18,8 +18,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from speclite.model.decoder import MLP, Attention, Linear, ModelArgs, RMSNorm, rope_inv_freq
+from speclite.model.decoder import MLP, Attention, Linear, ModelArgs, RMSNorm
 from speclite.model.kv_cache import KVCache
+from speclite.speculate.one_layer_head import OneLayerHead
 
 
 class Eagle3Layer(nn.Module):
@@ -53,7 +54,7 @@ class Eagle3Body(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(OneLayerHead):
     def __init__(self, args: ModelArgs, draft_vocab: int, fused_width: int, aux_layers: tuple[int, ...],
                  norm_before_residual: bool = False, norm_before_fc: bool = False):
         super().__init__()
@@ -64,14 +65,6 @@ class Eagle3Head(nn.Module):
         self.register_buffer("target_ids", torch.arange(draft_vocab), persistent=False)
         self.inv_freq, self.rope_scale = None, 1.0
 
-    def init_rope(self, device) -> None:
-        inv_freq, self.rope_scale = rope_inv_freq(self.args)
-        self.inv_freq = inv_freq.to(device)
-
-    def new_cache(self, max_len: int) -> KVCache:
-        a, p = self.args, self.model.norm.weight  # a norm stays high precision when the linears are quantized
-        return KVCache(1, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
-
     def fuse(self, states: torch.Tensor) -> torch.Tensor:
         """[T, 3 * target hidden] concatenated target states -> [T, H], the layer's state input."""
         if self.model.input_norm is not None:
@@ -80,20 +73,9 @@ class Eagle3Head(nn.Module):
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [T, draft vocab], pre-norm states [T, H]) for T rows appended at cache.length.
-
-        `mask` [T, cache.length + T] (True = attend) lets tree rows see their ancestors only;
-        None means causal over the cache (a single row, or the committed rows of a chain).
-        """
-        t, start = embeds.shape[0], cache.length
-        if mask is None and t > 1:
-            mask = torch.ones(t, start + t, dtype=torch.bool, device=embeds.device).tril(start)
-        freqs = torch.outer(positions.to(torch.float32), self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(hidden.dtype)[:, None, :]
-        sin = (emb.sin() * self.rope_scale).to(hidden.dtype)[:, None, :]
-        out = self.model.layers[0](embeds, hidden, cos, sin, cache.layers[0], start, mask)
-        cache.length = start + t
+        """(logits [T, draft vocab], pre-norm states [T, H]) for T rows appended at cache.length
+        (`mask` as OneLayerHead.run_layer's)."""
+        out = self.run_layer(embeds, hidden, positions, cache, mask)
         return self.lm_head(self.model.norm(out)), out
 
     def to_target(self, draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.model.decoder import Block, Linear, ModelArgs, RMSNorm, rope_inv_freq
+from speclite.model.decoder import Block, Linear, ModelArgs, RMSNorm
 from speclite.model.kv_cache import KVCache
+from speclite.speculate.one_layer_head import OneLayerHead
 
 
 class MTPLayer(Block):
@@ -48,7 +49,7 @@ class MTPBody(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
-class MTPModule(nn.Module):
+class MTPModule(OneLayerHead):
     """The interface Eagle3Proposer drives: new_cache, forward -> (logits, state), to_target, target_ids."""
 
     def __init__(self, args: ModelArgs, own_head: bool, state_first: bool, normed_state: bool):
@@ -62,28 +63,12 @@ class MTPModule(nn.Module):
         self.register_buffer("target_ids", torch.arange(args.vocab_size), persistent=False)
         self.inv_freq, self.rope_scale = None, 1.0
 
-    def init_rope(self, device) -> None:
-        inv_freq, self.rope_scale = rope_inv_freq(self.args)
-        self.inv_freq = inv_freq.to(device)
-
-    def new_cache(self, max_len: int) -> KVCache:
-        a, p = self.args, self.model.norm.weight  # a norm stays high precision when the linears are quantized
-        return KVCache(1, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
-
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [T, V], states [T, H]) for T rows appended at cache.length (`mask` as Eagle3Head's)."""
-        t, start = embeds.shape[0], cache.length
-        if mask is None and t > 1:
-            mask = torch.ones(t, start + t, dtype=torch.bool, device=embeds.device).tril(start)
+        """(logits [T, V], states [T, H]) for T rows appended at cache.length (`mask` as run_layer's)."""
         # vLLM (deepseek_mtp, mimo_mtp) zeroes the embedding paired with position 0, as in training.
         embeds = embeds.masked_fill((positions == 0)[:, None], 0)
-        freqs = torch.outer(positions.to(torch.float32), self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(hidden.dtype)[:, None, :]
-        sin = (emb.sin() * self.rope_scale).to(hidden.dtype)[:, None, :]
-        out = self.model.layers[0](embeds, hidden, cos, sin, cache.layers[0], start, mask)
-        cache.length = start + t
+        out = self.run_layer(embeds, hidden, positions, cache, mask)
         normed = self.model.norm(out)
         head = self.lm_head if self.lm_head is not None else self.shared[0]
         return head(normed), normed if self.normed_state else out
