@@ -58,15 +58,23 @@ def rows_prefixes(parents, tokens):
     return paths
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_tree_forward_equals_each_branch_from_scratch(target, static):
-    torch.manual_seed(4)
-    prompt = torch.randint(0, target.args.vocab_size, (7,)).tolist()
+def tree_pass(target, static: bool, seed: int, prompt_len: int):
+    """A random prompt prefilled, then one pass over its last token plus a random PARENTS tree:
+    (model, cache, prompt, drafts, the tree pass's Step, the cache length before it)."""
+    torch.manual_seed(seed)
+    prompt = torch.randint(0, target.args.vocab_size, (prompt_len,)).tolist()
     drafts = torch.randint(0, target.args.vocab_size, (len(PARENTS),)).tolist()
     cache = target.new_cache(64)
     model = StaticDecoder(target, cache) if static else target
     model.step(torch.tensor(prompt[:-1]), cache)
+    start = cache.length
     step = model.step(torch.tensor(prompt[-1:] + drafts), cache, tree=Tree.of(PARENTS, "cpu"))
+    return model, cache, prompt, drafts, step, start
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_tree_forward_equals_each_branch_from_scratch(target, static):
+    _, _, prompt, drafts, step, _ = tree_pass(target, static, seed=4, prompt_len=7)
     for row, path in enumerate(rows_prefixes(PARENTS, drafts)):
         torch.testing.assert_close(step.logits[row], fresh_logits(target, prompt + path)[-1], rtol=1e-4, atol=1e-4)
 
@@ -75,14 +83,7 @@ def test_tree_forward_equals_each_branch_from_scratch(target, static):
 def test_kv_compaction_equals_recomputing_the_accepted_path(target, static):
     """Keep a path that is not the first branch (root -> 1 -> 3 -> 5); the next forward's logits
     equal those of the accepted sequence computed from scratch."""
-    torch.manual_seed(5)
-    prompt = torch.randint(0, target.args.vocab_size, (9,)).tolist()
-    drafts = torch.randint(0, target.args.vocab_size, (len(PARENTS),)).tolist()
-    cache = target.new_cache(64)
-    model = StaticDecoder(target, cache) if static else target
-    model.step(torch.tensor(prompt[:-1]), cache)
-    start = cache.length
-    model.step(torch.tensor(prompt[-1:] + drafts), cache, tree=Tree.of(PARENTS, "cpu"))
+    model, cache, prompt, drafts, _, start = tree_pass(target, static, seed=5, prompt_len=9)
     path = [1, 3, 5]
     cache.keep([start] + [start + 1 + i for i in path])
     accepted = prompt + [drafts[i] for i in path]
