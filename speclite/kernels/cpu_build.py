@@ -35,6 +35,15 @@ def has(isa: str) -> bool:
     return ISA_FLAGS[isa] <= set(_cpu_flags().decode().split())
 
 
+def load(isa: str, source: str, flags: tuple[str, ...], signatures: dict[str, list]) -> ctypes.CDLL | None:
+    """The `isa` kernels of kernels/cpu/`source` with each function's ctypes argtypes set, or None
+    where they may not run (see has) or do not build."""
+    lib = library(source, flags) if has(isa) else None
+    for name, argtypes in signatures.items() if lib is not None else ():
+        getattr(lib, name).argtypes = argtypes
+    return lib
+
+
 @functools.cache
 def library(source: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
     """kernels/cpu/`source` built with `flags` (cached per source, flags, compiler and CPU), or None."""

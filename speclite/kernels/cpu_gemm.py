@@ -83,11 +83,8 @@ def half_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _library():
-    if not cpu_build.has("avx2"):
-        return None
-    lib = cpu_build.library("gemm_avx2.cpp", FLAGS)
-    if lib is not None:
-        lib.speclite_int4_gemm.argtypes = [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I]
-        lib.speclite_int8_gemm.argtypes = [_P, _I, _P, _P, _P, _I, _I, _I, _I]
-        lib.speclite_half_gemm.argtypes = [_P, _I, _P, _I, _P, _I, _I, _I, _I]
-    return lib
+    return cpu_build.load("avx2", "gemm_avx2.cpp", FLAGS, {
+        "speclite_int4_gemm": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I],
+        "speclite_int8_gemm": [_P, _I, _P, _P, _P, _I, _I, _I, _I],
+        "speclite_half_gemm": [_P, _I, _P, _I, _P, _I, _I, _I, _I],
+    })

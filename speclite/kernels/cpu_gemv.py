@@ -36,9 +36,4 @@ def gemm_bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _library():
-    if not cpu_build.has("avx512_bf16"):
-        return None
-    lib = cpu_build.library("gemv.cpp", FLAGS)
-    if lib is not None:
-        lib.speclite_gemm_bf16.argtypes = [_P, _P, _P, _I, _I, _I, _I]
-    return lib
+    return cpu_build.load("avx512_bf16", "gemv.cpp", FLAGS, {"speclite_gemm_bf16": [_P, _P, _P, _I, _I, _I, _I]})
