@@ -155,6 +155,13 @@ class Linear(nn.Linear):
         return kernels.linear(x, self.weight, self.bias)
 
 
+def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, 1, head_dim] for positions `pos`, computed in float32, stored in `dtype`."""
+    freqs = torch.outer(pos.to(torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).to(dtype)[:, None, :], (emb.sin() * scale).to(dtype)[:, None, :]
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -321,10 +328,7 @@ class Transformer(nn.Module):
 
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
         x = self.model.embed_tokens(tokens)
-        freqs = torch.outer(pos.to(torch.float32), self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None, :]
-        sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None, :]
+        cos, sin = rope_tables(pos, self.inv_freq, self.rope_scale, x.dtype)
         layers = {}
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
             if i in wants.layers:

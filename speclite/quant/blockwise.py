@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from speclite.model.decoder import Block, ModelArgs, RMSNorm, rope_inv_freq
+from speclite.model.decoder import Block, ModelArgs, RMSNorm, rope_inv_freq, rope_tables
 from speclite.model.kv_cache import KVCache
 from speclite.quant.source import TensorSource
 
@@ -73,10 +73,7 @@ class BlockRunner:
         return self.source.get(name).to(device=self.device, dtype=self.dtype, copy=True)  # off the file map
 
     def _rope(self, t: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.outer(torch.arange(t, device=self.device, dtype=torch.float32), self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return ((emb.cos() * self.rope_scale).to(dtype)[:, None, :],
-                (emb.sin() * self.rope_scale).to(dtype)[:, None, :])
+        return rope_tables(torch.arange(t, device=self.device), self.inv_freq, self.rope_scale, dtype)
 
     def _mask(self, t: int) -> torch.Tensor:
         pos = torch.arange(t, device=self.device)

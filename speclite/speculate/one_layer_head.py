@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.model.decoder import ModelArgs, rope_inv_freq
+from speclite.model.decoder import ModelArgs, rope_inv_freq, rope_tables
 from speclite.model.kv_cache import KVCache
 
 
@@ -33,10 +33,7 @@ class OneLayerHead(nn.Module):
         t, start = embeds.shape[0], cache.length
         if mask is None and t > 1:
             mask = torch.ones(t, start + t, dtype=torch.bool, device=embeds.device).tril(start)
-        freqs = torch.outer(positions.to(torch.float32), self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(hidden.dtype)[:, None, :]
-        sin = (emb.sin() * self.rope_scale).to(hidden.dtype)[:, None, :]
+        cos, sin = rope_tables(positions, self.inv_freq, self.rope_scale, hidden.dtype)
         out = self.model.layers[0](embeds, hidden, cos, sin, cache.layers[0], start, mask)
         cache.length = start + t
         return out
