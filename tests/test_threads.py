@@ -6,21 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ASSETS = Path(__file__).resolve().parents[1] / "speclite" / "assets"
-
-
-def cli(monkeypatch, capsys, *args):
-    from speclite.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["speclite", *map(str, args)])
-    with pytest.raises(SystemExit) as e:
-        main()
-    return e.value.code, capsys.readouterr().err
+from test_hardening import ASSETS, run_main
 
 
 @pytest.fixture
@@ -47,7 +36,7 @@ def test_generate_runs_on_the_threads_asked_for(monkeypatch, capsys, tmp_path, r
                                      ["quantize", "m", "--scheme", "int4", "-o", "q"]])
 @pytest.mark.parametrize("threads", ["0", "-2", "two"])
 def test_bad_thread_counts_are_one_line(monkeypatch, capsys, command, threads, restore_threads):
-    code, err = cli(monkeypatch, capsys, *command, "--threads", threads)
+    code, err = run_main(monkeypatch, capsys, [*command, "--threads", threads])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("error: Invalid value for '--threads'"), err
 
