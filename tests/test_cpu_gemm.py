@@ -79,7 +79,7 @@ def test_int4_equals_float64_math_of_the_same_quantization(m, n, k, group):
     torch.manual_seed(m * n + k + group)
     x = torch.randn(m, k)
     q, scales, zeros = random_int4(n, k, group, seed=k + group)
-    y = cpu_gemm.int4_gemm(x, cpu_gemm.pack_int4(q, scales, zeros, group), k, group)
+    y = cpu_gemm.int4_gemm(x, cpu_gemm.Int4Matrices([cpu_gemm.pack_int4(q, scales, zeros, group)], [n], k, group))
     assert y.dtype == torch.float32 and y.shape == (m, n)
     assert close(y, int4_reference(x, q, scales, zeros, group))
 
@@ -113,7 +113,7 @@ def _calls(x, n, k):
     w8 = cpu_gemm.pack_int8(torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g))
     scale = torch.rand(n, generator=g) * 0.01
     wh = torch.randn(n, k, generator=g).to(torch.bfloat16)
-    return {"int4": cpu_gemm.int4_gemm(x, packed, k, 64), "int8": cpu_gemm.int8_gemm(x, w8, scale, k),
+    return {"int4": cpu_gemm.int4_gemm(x, cpu_gemm.Int4Matrices([packed], [n], k, 64)), "int8": cpu_gemm.int8_gemm(x, w8, scale, k),
             "bf16": cpu_gemm.half_gemm(x, wh)}
 
 
@@ -200,3 +200,22 @@ def test_avx2_path_can_be_forced_and_everything_switched_off(tmp_path):
     assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_ISA="avx2") == ["True", "False"]
     assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_KERNELS="0") == ["False", "False"]
     assert _paths_in_subprocess(tmp_path / "b", CXX="false") == ["False", "False"]
+
+
+@needs_kernels
+def test_joined_int4_projections_equal_each_linear_alone_bit_for_bit():
+    # q, k and v (or gate and up) in one kernel call: the same numbers as three calls, biases included.
+    torch.manual_seed(8)
+    k, group = 224, 32
+    layers = []
+    for i, (n, bias) in enumerate([(96, True), (40, False), (40, True)]):  # 40: a partial 8-column group
+        q, scales, zeros = random_int4(n, k, group, seed=20 + i)
+        g_idx = (torch.arange(k) // group).to(torch.int32)
+        layers.append(Int4Linear(Int4Weight(q, zeros, scales, g_idx, group), torch.randn(n) if bias else None,
+                                 torch.bfloat16, "cpu"))
+    for m in (1, 4, 7):
+        x = torch.randn(m, k).to(torch.bfloat16)
+        joint = Int4Linear.joint_matmul(x, layers)
+        assert [y.shape for y in joint] == [(m, 96), (m, 40), (m, 40)]
+        for y, layer in zip(joint, layers):
+            assert torch.equal(y, layer(x))

@@ -21,6 +21,7 @@ from speclite.kernels import cpu_build
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _P, _I = ctypes.c_void_p, ctypes.c_int
+_PP, _IP = ctypes.POINTER(_P), ctypes.POINTER(_I)
 
 
 def available() -> bool:
@@ -35,23 +36,41 @@ def takes(x: torch.Tensor) -> bool:
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int):
     """Values q [N, K] (0..15, columns in group order), scales [G, N], zeros [G, N] with
     w = (q - zero) * scale per group of `group` (a multiple of 32) consecutive columns, into the
-    kernel's layout: per column, 32-value blocks as 16 bytes (value j low nibble, j+16 high), scales
-    fp16 [N, G] and zeros uint8 [N, G]."""
+    kernel's layout (gemm_avx2.cpp, Int4): per 8 columns (N padded with zero columns) and 32-block,
+    128 bytes of nibbles; scales fp16 and zeros uint8 [N / 8, G, 8]."""
     n, k = q.shape
-    nb = -(-k // 32)
-    blocks = torch.nn.functional.pad(q.to(torch.uint8), (0, nb * 32 - k)).view(n, nb, 2, 16)
-    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, nb * 16).contiguous()
-    return packed, scales.t().to(torch.float16).contiguous(), zeros.t().to(torch.uint8).contiguous()
+    ng, nb = -(-n // 8), -(-k // 32)
+    q = torch.nn.functional.pad(q.to(torch.uint8), (0, nb * 32 - k, 0, ng * 8 - n))
+    # [group, column, block, run j, byte] -> sets A = columns 0,1,4,5 and B = 2,3,6,7 -> [group, block, set, j, 32]
+    runs = q.view(ng, 8, nb, 4, 8)[:, [0, 1, 4, 5, 2, 3, 6, 7]].view(ng, 2, 4, nb, 4, 8)
+    u = runs.permute(0, 3, 1, 4, 2, 5).reshape(ng, nb, 2, 4, 32)
+    packed = (u[:, :, :, :2] | (u[:, :, :, 2:] << 4)).reshape(ng, nb * 128).contiguous()
+
+    def per_group(t, dtype):
+        return torch.nn.functional.pad(t.t().to(dtype), (0, 0, 0, ng * 8 - n)).view(ng, 8, -1).transpose(1, 2).contiguous()
+
+    return packed, per_group(scales, torch.float16), per_group(zeros, torch.uint8)
 
 
-def int4_gemm(x: torch.Tensor, packed, k: int, group: int) -> torch.Tensor:
-    """x [M, K] @ W^T for pack_int4's W: activations quantized to int8 per 32 values."""
-    qw, scales, zeros = packed
+class Int4Matrices:
+    """One or more pack_int4 matrices of the same input width and group (a layer's q, k and v
+    projections), multiplied in one kernel call: the activations are quantized once and one thread
+    team splits all the columns. The pointer arrays are built once: the weights never move."""
+
+    def __init__(self, packs, ns: list[int], k: int, group: int):
+        self.packs, self.n, self.k, self.group = packs, sum(ns), k, group
+        parts = len(packs)
+        self.args = [ctypes.c_int(parts)] + [(_P * parts)(*(p[i].data_ptr() for p in packs)) for i in range(3)]
+        self.args.append((_I * parts)(*ns))
+
+
+def int4_gemm(x: torch.Tensor, mats: Int4Matrices) -> torch.Tensor:
+    """x [M, K] @ [W_0; W_1; ...]^T: activations quantized to int8 per 32 values; [M, sum of N]."""
     x = x.contiguous()
-    m, n = x.shape[0], qw.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype)
-    _library().speclite_int4_gemm(x.data_ptr(), DTYPES[x.dtype], qw.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
-                                  y.data_ptr(), m, n, k, group, torch.get_num_threads())
+    m = x.shape[0]
+    y = torch.empty(m, mats.n, dtype=x.dtype)
+    _library().speclite_int4_gemm(x.data_ptr(), DTYPES[x.dtype], *mats.args, y.data_ptr(), m, mats.k, mats.group,
+                                  torch.get_num_threads())
     return y
 
 
@@ -84,7 +103,7 @@ def half_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def _library():
     return cpu_build.load("avx2", "gemm_avx2.cpp", FLAGS, {
-        "speclite_int4_gemm": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I],
+        "speclite_int4_gemm": [_P, _I, _I, _PP, _PP, _PP, _IP, _P, _I, _I, _I, _I],
         "speclite_int8_gemm": [_P, _I, _P, _P, _P, _I, _I, _I, _I],
         "speclite_half_gemm": [_P, _I, _P, _I, _P, _I, _I, _I, _I],
     })

@@ -150,6 +150,21 @@ class Int4Linear(QuantLinear):
             self.path = "dequantized"
             self.register_buffer("weight", w.dequantize(dtype).to(device))
 
+    @staticmethod
+    def joint_matmul(x: torch.Tensor, linears) -> list[torch.Tensor] | None:
+        """Each of `linears` (one input: a layer's q, k and v) applied to x in one kernel call where
+        all are cpu_int4 with one group size and column order: one activation quantization and one
+        thread fork instead of one per linear, the same numbers. None where they are not."""
+        first = linears[0]
+        if x.dim() != 2 or not all(isinstance(m, Int4Linear) and m.path == "cpu_int4" and m.perm is None
+                                   and m.group_size == first.group_size for m in linears):
+            return None
+        mats, bias = _fused_int4(linears)
+        y = cpu_gemm.int4_gemm(x, mats)
+        if bias is not None:
+            y = y + bias
+        return list(y.split([m.out_features for m in linears], dim=-1))
+
     def _matmul(self, x):
         if self.use_kernels:
             return kernels.w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
@@ -157,7 +172,7 @@ class Int4Linear(QuantLinear):
             return kernels.linear(x, self.weight)
         if self.path == "cpu_int4":
             x = x if self.perm is None else x[:, self.perm]
-            return cpu_gemm.int4_gemm(x, (self.qweight, self.scales, self.zeros), self.in_features, self.group_size)
+            return cpu_gemm.int4_gemm(x, _fused_int4([self])[0])
         xb = x.to(torch.bfloat16)
         if self.perm is not None:
             xb = xb[:, self.perm]
@@ -174,3 +189,21 @@ def _contiguous_group_order(g_idx: torch.Tensor, group_size: int) -> torch.Tenso
     if not torch.equal(g_idx.long()[perm], torch.arange(k) // group_size):
         return None
     return perm
+
+
+def _fused_int4(linears) -> tuple[cpu_gemm.Int4Matrices, torch.Tensor | None]:
+    """The kernel's view of cpu_int4 linears of one input and their joined bias, built once (kept on
+    the first linear; rebuilt only if a weight tensor was replaced)."""
+    tensors = [(m.qweight, m.scales, m.zeros) for m in linears]
+    cache = linears[0].__dict__.setdefault("_fused_int4", {})
+    key = tuple(id(m) for m in linears)
+    found = cache.get(key)
+    if found is None or any(a is not b for old, new in zip(found[0].packs, tensors) for a, b in zip(old, new)):
+        first = linears[0]
+        mats = cpu_gemm.Int4Matrices(tensors, [m.out_features for m in linears], first.in_features, first.group_size)
+        dtype = next((m.bias.dtype for m in linears if m.bias is not None), None)
+        bias = None if dtype is None else torch.cat(
+            [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in linears])
+        found = cache[key] = (mats, bias)
+    return found
+

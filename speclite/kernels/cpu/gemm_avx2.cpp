@@ -1,11 +1,10 @@
 // Matrix products for quantized and half-precision weights on x86 CPUs with AVX2 + FMA + F16C.
 //
 // y [M, N] = x [M, K] @ w [N, K]^T for three weight formats:
-//   int4  repacked at load: per output column, blocks of 32 weights as 16 bytes (byte j holds weight
-//         j in its low nibble and weight j+16 in its high one), an fp16 scale and a uint8 zero per
-//         group (w = (q - z) * s, group a multiple of 32). Activations are quantized per 32-block
-//         to int8 once per call; a block's dot product is integer (maddubs), its float scale applied
-//         once per block, and the zeros once per group through the blocks' precomputed sums.
+//   int4  repacked at load for eight columns at a time (layout at Int4 below), an fp16 scale and a
+//         uint8 zero per group (w = (q - z) * s, group a multiple of 32). Activations are quantized
+//         per 32-block to int8 once per call; a block's dot product is integer (maddubs), its float
+//         scale applied once per block, and the zeros once per group through the blocks' sums.
 //   int8  per-channel scale (W8A8): activations quantized per row to int8, integer dot products.
 //   bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C), fp32 FMAs.
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
@@ -124,57 +123,90 @@ struct Scratch {
 thread_local Scratch scratch;
 
 // ---- int4 ------------------------------------------------------------------------------------
+//
+// Eight output columns at a time, results in the eight lanes of one register, so scales and zeros
+// are vectors and no column needs a horizontal sum. Per group of 8 columns and 32-weight block,
+// 128 bytes: the columns split into sets A = {0, 1, 4, 5} and B = {2, 3, 6, 7}; U(S, j) is 32
+// bytes, four 8-byte runs (one per column of S, in that order) of weights 8j..8j+7; packed 32-byte
+// word t = 2S + j' holds U(S, j') in its low nibbles and U(S, j' + 2) in its high ones. A block's
+// activations are broadcast 8 bytes at a time against U(S, j); maddubs + add_epi16 sum the four
+// runs (at most 4 * 2 * 15 * 127 < 2^15: no saturation), madd and hadd leave lane l = column l.
 
 struct Int4 {
     const int8_t *xq;   // [M, Kp]
     const float *dx;    // [M, nb] block scales
     const float *gsx;   // [M, G] per group: sum over its blocks of d * (sum of q)
-    const uint8_t *qw;  // [N, nb, 16]
-    const uint16_t *s;  // [N, G] fp16
-    const uint8_t *z;   // [N, G]
-    void *y;
-    int dt, N, Kp, nb, G, bpg;
+    const uint8_t *qw;  // [N / 8, nb, 128]
+    const uint16_t *s;  // [N / 8, G, 8] fp16
+    const uint8_t *z;   // [N / 8, G, 8]
+    void *y;            // [M, ldy], this matrix's N columns from column y0
+    int dt, N, Kp, nb, G, bpg, ldy, y0;
 
-    template <int MR, int NR>
-    void tile(int m0, int n0) const {
-        const __m256i low = _mm256_set1_epi8(0x0F);
+    // Sum over the block of weight * activation for the 8 columns, as int32 lanes.
+    static inline __m256i block_dot(const __m256i u[8], const int8_t *x) {
+        __m256i sa = _mm256_setzero_si256(), sb = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            int64_t run;
+            memcpy(&run, x + 8 * j, 8);
+            const __m256i xv = _mm256_set1_epi64x(run);
+            sa = _mm256_add_epi16(sa, _mm256_maddubs_epi16(u[j], xv));
+            sb = _mm256_add_epi16(sb, _mm256_maddubs_epi16(u[4 + j], xv));
+        }
         const __m256i ones = _mm256_set1_epi16(1);
-        __m256 acc[MR][NR];
-        float corr[MR][NR];
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps(), corr[i][j] = 0.f;
+        return _mm256_hadd_epi32(_mm256_madd_epi16(sa, ones), _mm256_madd_epi16(sb, ones));
+    }
+
+    template <int MR>
+    void tile(int m0, int cg) const {
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        __m256 acc[MR];
+        for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
+        const uint8_t *w = qw + (int64_t)cg * nb * 128;
         for (int g = 0; g < G; g++) {
-            __m256 part[MR][NR];
-            for (int i = 0; i < MR; i++)
-                for (int j = 0; j < NR; j++) part[i][j] = _mm256_setzero_ps();
+            __m256 part[MR];
+            for (int i = 0; i < MR; i++) part[i] = _mm256_setzero_ps();
             const int b1 = std::min(nb, (g + 1) * bpg);
             for (int b = g * bpg; b < b1; b++) {
-                __m256i w[NR];
-                for (int j = 0; j < NR; j++) {
-                    __m128i p = _mm_loadu_si128((const __m128i *)(qw + ((int64_t)(n0 + j) * nb + b) * 16));
-                    w[j] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), low);
+                __m256i u[8];  // U(A, 0..3), U(B, 0..3)
+                for (int t = 0; t < 4; t++) {
+                    const __m256i p = _mm256_loadu_si256((const __m256i *)(w + (int64_t)b * 128 + 32 * t));
+                    const int set = t >> 1, j = t & 1;
+                    u[4 * set + j] = _mm256_and_si256(p, low);
+                    u[4 * set + j + 2] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
                 }
                 for (int i = 0; i < MR; i++) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)(m0 + i) * Kp + b * 32));
-                    const __m256 d = _mm256_broadcast_ss(dx + (int64_t)(m0 + i) * nb + b);
-                    for (int j = 0; j < NR; j++) {
-                        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], xv), ones);
-                        part[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), d, part[i][j]);
-                    }
+                    const __m256i dot = block_dot(u, xq + (int64_t)(m0 + i) * Kp + b * 32);
+                    part[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(dx + (int64_t)(m0 + i) * nb + b), part[i]);
                 }
             }
-            for (int j = 0; j < NR; j++) {
-                const int64_t sg = (int64_t)(n0 + j) * G + g;
-                const float sc = _cvtsh_ss(s[sg]), mz = sc * (float)z[sg];
-                const __m256 sv = _mm256_set1_ps(sc);
-                for (int i = 0; i < MR; i++) {
-                    acc[i][j] = _mm256_fmadd_ps(part[i][j], sv, acc[i][j]);
-                    corr[i][j] += mz * gsx[(int64_t)(m0 + i) * G + g];
-                }
+            const int64_t sg = ((int64_t)cg * G + g) * 8;
+            const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + sg)));
+            const __m256 zv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + sg))));
+            const __m256 szv = _mm256_mul_ps(sv, zv);
+            for (int i = 0; i < MR; i++) {
+                acc[i] = _mm256_fmadd_ps(part[i], sv, acc[i]);
+                acc[i] = _mm256_fnmadd_ps(szv, _mm256_broadcast_ss(gsx + (int64_t)(m0 + i) * G + g), acc[i]);
             }
         }
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) store(y, dt, (int64_t)(m0 + i) * N + n0 + j, hsum(acc[i][j]) - corr[i][j]);
+        const int cols = std::min(8, N - cg * 8);
+        for (int i = 0; i < MR; i++) {
+            alignas(32) float out[8];
+            _mm256_store_ps(out, acc[i]);
+            for (int l = 0; l < cols; l++) store(y, dt, (int64_t)(m0 + i) * ldy + y0 + cg * 8 + l, out[l]);
+        }
+    }
+
+    // Column groups [g0, g1) of this matrix, rows in cache-sized chunks, 3 rows per tile where
+    // there are (3 keeps the tile's registers from spilling, measured against 2 and 4).
+    void run(int M, int g0, int g1) const {
+        for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
+            const int c1 = std::min(c0 + ROW_CHUNK, M);
+            for (int cg = g0; cg < g1; cg++) {
+                int m = c0;
+                for (; m + 3 <= c1; m += 3) tile<3>(m, cg);
+                for (; m < c1; m++) tile<1>(m, cg);
+            }
+        }
     }
 };
 
@@ -279,15 +311,24 @@ void run_columns(const K &k, int M, int n0, int n1) {
 
 extern "C" {
 
-void speclite_int4_gemm(const void *x, int dt, const uint8_t *qw, const uint16_t *scales, const uint8_t *zeros,
-                        void *y, int M, int N, int K, int group, int threads) {
+// y [M, sum of ns] = x @ [W_0; W_1; ...]^T for `parts` int4 matrices of one input (a layer's q, k and
+// v projections): the activations are quantized once and one thread team splits all the columns.
+void speclite_int4_gemm(const void *x, int dt, int parts, const uint8_t *const *qws, const uint16_t *const *scales,
+                        const uint8_t *const *zeros, const int *ns, void *y, int M, int K, int group, int threads) {
     const int nb = (K + 31) / 32, Kp = nb * 32, G = (K + group - 1) / group, bpg = group / 32;
     Scratch &sc = scratch;
     sc.q.resize((size_t)M * Kp);
     sc.a.resize((size_t)M * nb);
     sc.b.resize((size_t)M * G);
     sc.s.resize((size_t)M * nb);
-    Int4 k{sc.q.data(), sc.a.data(), sc.b.data(), qw, scales, zeros, y, dt, N, Kp, nb, G, bpg};
+    int ldy = 0, groups = 0;
+    for (int p = 0; p < parts; p++) ldy += ns[p], groups += (ns[p] + 7) / 8;
+    thread_local std::vector<Int4> calls;  // the caller's: the team reads it through `mats`
+    std::vector<Int4> &mats = calls;
+    mats.clear();
+    for (int p = 0, y0 = 0; p < parts; y0 += ns[p++])
+        mats.push_back({sc.q.data(), sc.a.data(), sc.b.data(), qws[p], scales[p], zeros[p], y, dt, ns[p], Kp, nb, G,
+                        bpg, ldy, y0});
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
@@ -301,9 +342,13 @@ void speclite_int4_gemm(const void *x, int dt, const uint8_t *qw, const uint16_t
                 sc.b[(int64_t)m * G + g] = t;
             }
         }
-        int n0, n1;
-        split(N, 4, omp_get_num_threads(), omp_get_thread_num(), n0, n1);
-        run_columns(k, M, n0, n1);
+        int g0, g1;
+        split(groups, 1, omp_get_num_threads(), omp_get_thread_num(), g0, g1);
+        for (int p = 0, first = 0; p < parts; first += (ns[p++] + 7) / 8) {
+            const int count = (ns[p] + 7) / 8;
+            const int a = std::max(g0, first), b = std::min(g1, first + count);
+            if (a < b) mats[p].run(M, a - first, b - first);
+        }
     }
 }
 
