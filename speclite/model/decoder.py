@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclite import kernels
+from speclite.kernels import cpu_layer_ops
 from speclite.errors import SpecliteError
 from speclite.model.kv_cache import KVCache
 from speclite.model.step import NOTHING, Step, Tree, Wants
@@ -144,6 +145,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the reference implementation, scale in the model dtype.
+        if self.weight.dtype == x.dtype and cpu_layer_ops.takes(x):
+            return cpu_layer_ops.rms_norm(x, self.weight, self.eps)
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
@@ -168,12 +171,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def project(x: torch.Tensor, *linears: nn.Module) -> list[torch.Tensor]:
-    """Each linear applied to x (q, k and v; gate and up), in one call where their class can join
-    them (joint_matmul: the CPU int4 kernel quantizes x once for all of them)."""
+def project(x: torch.Tensor, *linears: nn.Module) -> torch.Tensor:
+    """The linears' outputs on x (q, k and v; gate and up) side by side in one tensor: one call where
+    their class can join them (joint_matmul: the CPU int4 kernel quantizes x once for all)."""
     joint = getattr(type(linears[0]), "joint_matmul", None)
-    ys = joint(x, linears) if joint is not None else None
-    return ys if ys is not None else [m(x) for m in linears]
+    y = joint(x, linears) if joint is not None else None
+    return y if y is not None else torch.cat([m(x) for m in linears], dim=-1)
 
 
 class Attention(nn.Module):
@@ -191,15 +194,21 @@ class Attention(nn.Module):
         self.qk_norm = args.qk_norm
 
     def forward(self, x, cos, sin, layer_cache: tuple[torch.Tensor, torch.Tensor], start: int, mask):
-        t = x.shape[0]
-        q, k, v = project(x, self.q_proj, self.k_proj, self.v_proj)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        t, h, kv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = project(x, self.q_proj, self.k_proj, self.v_proj)
+        cache_k, cache_v = layer_cache
+        if not self.qk_norm and cache_k.dtype == qkv.dtype and cpu_layer_ops.takes(qkv):
+            # RoPE, the cache write and attention in one call. The static path's positions are a
+            # tensor (no CUDA graphs on a CPU): read them, and attend the whole cache under its mask.
+            dynamic = isinstance(start, int)
+            first, keys = (start, start + t) if dynamic else (int(start[0]), cache_k.shape[1])
+            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, first, keys, mask)
+            return self.o_proj(out)
+        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
+        q, k, v = q.reshape(t, h, d), k.reshape(t, kv, d), v.reshape(t, kv, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        cache_k, cache_v = layer_cache
         if isinstance(start, int):
             # Dynamic shapes: attend over the filled part of the cache only.
             end = start + t
@@ -231,7 +240,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(i, h, bias=b)
 
     def forward(self, x):
-        gate, up = project(x, self.gate_proj, self.up_proj)
+        gate, up = project(x, self.gate_proj, self.up_proj).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

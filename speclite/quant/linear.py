@@ -151,19 +151,17 @@ class Int4Linear(QuantLinear):
             self.register_buffer("weight", w.dequantize(dtype).to(device))
 
     @staticmethod
-    def joint_matmul(x: torch.Tensor, linears) -> list[torch.Tensor] | None:
-        """Each of `linears` (one input: a layer's q, k and v) applied to x in one kernel call where
-        all are cpu_int4 with one group size and column order: one activation quantization and one
-        thread fork instead of one per linear, the same numbers. None where they are not."""
+    def joint_matmul(x: torch.Tensor, linears) -> torch.Tensor | None:
+        """The outputs of `linears` (one input: a layer's q, k and v) on x side by side, in one kernel
+        call where all are cpu_int4 with one group size and column order: one activation quantization
+        and one thread fork instead of one per linear, the same numbers. None where they are not."""
         first = linears[0]
         if x.dim() != 2 or not all(isinstance(m, Int4Linear) and m.path == "cpu_int4" and m.perm is None
                                    and m.group_size == first.group_size for m in linears):
             return None
         mats, bias = _fused_int4(linears)
         y = cpu_gemm.int4_gemm(x, mats)
-        if bias is not None:
-            y = y + bias
-        return list(y.split([m.out_features for m in linears], dim=-1))
+        return y if bias is None else y + bias
 
     def _matmul(self, x):
         if self.use_kernels:

@@ -1,0 +1,171 @@
+// The decoder's non-matmul work in one call each, for x86 CPUs with AVX2 + FMA + F16C: RMSNorm, and
+// RoPE + KV-cache write + attention. In torch eager these are 6 and ~20 small ops per layer, whose
+// dispatch cost more than their arithmetic on one decode row.
+//
+// Tensors are fp32, bf16 or f16 (one dtype per call); arithmetic is fp32, results rounded once to
+// the dtype (round to nearest even). Every row is computed by the same sequence of operations
+// whatever the other rows are, so verifying k+1 tokens gives the logits of k+1 single steps.
+#include <immintrin.h>
+#include <stdint.h>
+#include <omp.h>
+#include <string.h>
+
+#include <cmath>
+
+#include <algorithm>
+#include <vector>
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "speclite's AVX2 kernels need AVX2, FMA and F16C"
+#endif
+
+namespace {
+
+enum Dtype { F32 = 0, BF16 = 1, F16 = 2 };
+
+inline __m256 load8(const void *p, int dt, int64_t i) {
+    if (dt == F32) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (dt == F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float load1(const void *p, int dt, int64_t i) {
+    if (dt == F32) return ((const float *)p)[i];
+    const uint16_t h = ((const uint16_t *)p)[i];
+    if (dt == F16) return _cvtsh_ss(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+inline float round_to(int dt, float v) {
+    if (dt == F32) return v;
+    if (dt == F16) return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;  // as torch's float -> bf16
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+inline void store1(void *p, int dt, int64_t i, float v) {
+    if (dt == F32) {
+        ((float *)p)[i] = v;
+    } else if (dt == F16) {
+        ((uint16_t *)p)[i] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+    } else {
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        ((uint16_t *)p)[i] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    }
+}
+
+// A fixed reduction order.
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// q . row for fp32 q and a row of `dt` values at p + off, in a fixed order.
+inline float dot_row(const float *q, const void *p, int dt, int64_t off, int d) {
+    __m256 acc = _mm256_setzero_ps();
+    int e = 0;
+    for (; e + 8 <= d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(p, dt, off + e), acc);
+    float s = hsum(acc);
+    for (; e < d; e++) s += q[e] * load1(p, dt, off + e);
+    return s;
+}
+
+// acc += w * row for a row of `dt` values at p + off.
+inline void add_row(float w, const void *p, int dt, int64_t off, float *acc, int d) {
+    const __m256 wv = _mm256_set1_ps(w);
+    int e = 0;
+    for (; e + 8 <= d; e += 8) _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(wv, load8(p, dt, off + e), _mm256_loadu_ps(acc + e)));
+    for (; e < d; e++) acc[e] += w * load1(p, dt, off + e);
+}
+
+}  // namespace
+
+extern "C" {
+
+// y = weight * round(x / sqrt(mean(x^2) + eps)) per row of x [M, H], as the model's RMSNorm
+// (normalise in fp32, round to the dtype, scale in the dtype).
+void speclite_rms_norm(const void *x, const void *weight, void *y, int dt, int M, int H, float eps) {
+    for (int m = 0; m < M; m++) {
+        const int64_t row = (int64_t)m * H;
+        __m256 acc = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= H; i += 8) {
+            const __m256 v = load8(x, dt, row + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum(acc);
+        for (; i < H; i++) ss += load1(x, dt, row + i) * load1(x, dt, row + i);
+        const float r = 1.f / std::sqrt(ss / (float)H + eps);
+        for (i = 0; i < H; i++) store1(y, dt, row + i, load1(weight, dt, i) * round_to(dt, load1(x, dt, row + i) * r));
+    }
+}
+
+// One attention layer's work after the q/k/v projections, for t new tokens:
+//   qkv [t, (H + 2 Hkv) d] the projections (q heads, then k, then v), cos/sin [t, d] the RoPE tables;
+//   the rotated keys and the values are written to cache_k/cache_v [Hkv, max_len, d] at slots
+//   start..start+t-1; out [t, H d] = softmax(q k^T * scale) v over keys 0..L-1, where new token i
+//   sees key j if mask[i, j] (mask [t, L] of bytes), or without a mask if j <= start + i.
+// Keys a row does not see cost nothing and change nothing: the result equals attention over the
+// visible keys alone, whatever L is.
+void speclite_attention(const void *qkv, const void *cos, const void *sin, void *cache_k, void *cache_v, void *out,
+                        const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
+                        float scale, int threads) {
+    const int half = d / 2, width = (H + 2 * Hkv) * d, group = H / Hkv;
+    // RoPE of one head's vector (row i, column offset c) into fp32 dst: x cos + rotate_half(x) sin.
+    auto rope = [&](int i, int c, float *dst) {
+        for (int e = 0; e < d; e++) {
+            const float x = load1(qkv, dt, (int64_t)i * width + c + e);
+            const float other = load1(qkv, dt, (int64_t)i * width + c + (e < half ? e + half : e - half));
+            dst[e] = x * load1(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * load1(sin, dt, (int64_t)i * d + e);
+        }
+    };
+    std::vector<float> tmp(d);
+    for (int i = 0; i < t; i++)
+        for (int h = 0; h < Hkv; h++) {
+            const int64_t slot = ((int64_t)h * max_len + start + i) * d;
+            rope(i, (H + h) * d, tmp.data());
+            for (int e = 0; e < d; e++) store1(cache_k, dt, slot + e, tmp[e]);
+            for (int e = 0; e < d; e++) store1(cache_v, dt, slot + e, load1(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
+        }
+    const int64_t work = (int64_t)t * H * L * d;
+#pragma omp parallel num_threads(work > (1 << 18) ? threads : 1)
+    {
+        std::vector<float> q(d), acc(d), scores(L);
+#pragma omp for schedule(static)
+        for (int task = 0; task < t * H; task++) {
+            const int i = task / H, h = task % H, kvh = h / group;
+            rope(i, h * d, q.data());
+            const int64_t base = (int64_t)kvh * max_len * d;
+            float best = -INFINITY;
+            for (int j = 0; j < L; j++) {
+                const bool seen = mask ? mask[(int64_t)i * L + j] != 0 : j <= start + i;
+                if (!seen) continue;
+                scores[j] = dot_row(q.data(), cache_k, dt, base + (int64_t)j * d, d) * scale;
+                best = std::max(best, scores[j]);
+            }
+            std::fill(acc.begin(), acc.end(), 0.f);
+            float total = 0.f;
+            for (int j = 0; j < L; j++) {
+                const bool seen = mask ? mask[(int64_t)i * L + j] != 0 : j <= start + i;
+                if (!seen) continue;
+                const float p = std::exp(scores[j] - best);
+                total += p;
+                add_row(p, cache_v, dt, base + (int64_t)j * d, acc.data(), d);
+            }
+            const float inv = 1.f / total;
+            for (int e = 0; e < d; e++) store1(out, dt, (int64_t)i * H * d + h * d + e, acc[e] * inv);
+        }
+    }
+}
+
+}  // extern "C"
