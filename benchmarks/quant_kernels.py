@@ -3,10 +3,11 @@
     python benchmarks/quant_kernels.py --shapes 4864x896,896x4864,18944x3584 --repeats 7
 
 For each bf16 weight shape and scheme (int4 g128 asym to the GPTQ layout, fp8-block, w8a8): MB/s of
-bf16 input for the code before chunking (whole-tensor passes, torch's own threads; frozen below
-from commit 1b9a106) and for today's (row chunks on chunk_workers(), as quantize runs them),
-called alternately, medians of --repeats; and the MB/s of a bf16 memcpy (clone) of the same tensor
-in the same run as the ceiling. Each pair of outputs is checked bit for bit. The machine may be
+bf16 input for the code before chunking (whole-tensor passes, frozen below from commit 1b9a106) with
+torch's own threads, as it ran, and with one thread (what chunking alone gains), and for today's
+(row chunks on chunk_workers(), as quantize runs them),
+called alternately, medians of --repeats; and the MB/s of a bf16 memcpy of the same tensor into a
+buffer allocated once (memory bandwidth, no page faults) in the same run as the ceiling. Each pair of outputs is checked bit for bit. The machine may be
 shared: compare the ratios, and the load average printed at the start and the end.
 """
 
@@ -95,8 +96,8 @@ def main() -> None:
     args = ap.parse_args()
     print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; {os.cpu_count()} cores; "
           f"torch threads {torch.get_num_threads()}")
-    print(f"{'shape':<12} {'scheme':<10} {'memcpy MB/s':>12} {'before MB/s':>12} {'after MB/s':>11} "
-          f"{'after/before':>13} {'after/memcpy':>13}")
+    print(f"{'shape':<12} {'scheme':<10} {'memcpy MB/s':>12} {'before MB/s':>12} {'before 1t':>10} "
+          f"{'after MB/s':>11} {'after/before':>13} {'after/before 1t':>16} {'after/memcpy':>13}")
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
         w = (torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16()
@@ -104,10 +105,15 @@ def main() -> None:
         for scheme in args.schemes.split(","):
             before, after = SCHEMES[scheme]
             threads = torch.get_num_threads()
+            dst = torch.empty_like(w)
             with chunk_workers() as pool:
                 # before: torch's own threads, as it ran; after: chunks on the pool, ops single-threaded.
                 def run_before():
                     torch.set_num_threads(threads)
+                    return before(w)
+
+                def run_before_1t():
+                    torch.set_num_threads(1)
                     return before(w)
 
                 def run_after():
@@ -115,9 +121,12 @@ def main() -> None:
                     return after(w, pool)
 
                 assert same(run_before(), run_after()), f"{scheme} {shape}: outputs differ"
-                copy_s, before_s, after_s = timed([w.clone, run_before, run_after], args.repeats)
-            print(f"{shape:<12} {scheme:<10} {mb / copy_s:>12.0f} {mb / before_s:>12.0f} {mb / after_s:>11.0f} "
-                  f"{before_s / after_s:>13.2f} {copy_s / after_s:>13.3f}", flush=True)
+                copy_s, before_s, before1_s, after_s = timed([lambda: dst.copy_(w), run_before, run_before_1t, run_after],
+                                                             args.repeats)
+            torch.set_num_threads(threads)
+            print(f"{shape:<12} {scheme:<10} {mb / copy_s:>12.0f} {mb / before_s:>12.0f} {mb / before1_s:>10.0f} "
+                  f"{mb / after_s:>11.0f} {before_s / after_s:>13.2f} {before1_s / after_s:>16.2f} "
+                  f"{copy_s / after_s:>13.3f}", flush=True)
     print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
