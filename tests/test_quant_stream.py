@@ -16,7 +16,11 @@ from speclite.model.decoder import ModelArgs
 from speclite.model.loader import read_config
 from speclite.quant import calib, quantize_to_dir
 from speclite.quant.blockwise import BlockRunner
+from speclite.quant import rows
 from speclite.quant.calibrate import block_input_absmax
+from speclite.quant.fp8 import quantize_fp8_blocks
+from speclite.quant.int4 import quantize_rtn, rtn_gptq, to_gptq
+from speclite.quant.int8 import quantize_int8_channel
 from speclite.quant.quantize import streamed_perplexity
 from speclite.quant.smoothquant import CALIBRATED
 from speclite.quant.source import TensorSource
@@ -120,6 +124,29 @@ def test_streamed_checkpoint_equals_the_format_definition(tiny, tmp_path, scheme
     assert set(written) == set(expected)
     assert [n for n in expected if not same(written[n], expected[n])] == []
     assert len(seen.tensors) == len(source) and sum(b for _, b in seen.tensors) == seen.total[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_row_chunks_on_worker_threads_change_no_value(monkeypatch, dtype):
+    # Chunks of ~8 rows here: bands end inside fp8 block rows' worth of data, int4's last group is
+    # partial (200 = 3 x 64 + 8), whole rows are zero and one row holds an outlier.
+    monkeypatch.setattr(rows, "CHUNK_ELEMENTS", 2048)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(304, 200, generator=g) * torch.rand(304, 1, generator=g) * 0.1
+    w[5:17] = 0
+    w[40, 7] = 30.0
+    w = w.to(dtype)
+    with rows.chunk_workers() as pool:
+        for p in (None, pool):
+            for sym in (False, True):
+                ref = ref_int4(w, 64, sym)
+                packed = rtn_gptq(w, 64, sym, "w", p)
+                assert all(same(packed[key], ref[key]) for key in ref), (p, sym)
+                assert all(same(a, ref[key]) for key, a in to_gptq(quantize_rtn(w, 64, sym, p), "w").items())
+            values, scale = quantize_fp8_blocks(w, (128, 128), p)
+            assert same(values, ref_fp8(w)["weight"]) and same(scale, ref_fp8(w)["weight_scale_inv"])
+            q, scale = quantize_int8_channel(w, p)
+            assert same(q, ref_int8(w)["weight"]) and same(scale, ref_int8(w)["weight_scale"])
 
 
 def windows(path, n=3, seq_len=48):

@@ -6,29 +6,43 @@ float8_e4m3fn values and one float32 `weight_scale_inv` so that tile = value * s
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
+
 import torch
+
+from speclite.quant.rows import row_slices, run_chunks
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 
 
-def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int] = (128, 128),
+                        pool: Executor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] float -> (fp8 [N, K], weight_scale_inv float32 [ceil(N/bn), ceil(K/bk)]).
 
-    One float32 copy, zero-padded up to whole blocks (edge tiles are partial), scaled in place.
+    Per band of whole block rows: one float32 copy, zero-padded up to whole blocks (edge tiles are
+    partial), scaled in place while it is in cache.
     """
     bn, bk = block
     n, k = weight.shape
     nb, kb = -(-n // bn), -(-k // bk)
-    padded = (nb * bn, kb * bk) != (n, k)
-    w = torch.zeros(nb * bn, kb * bk) if padded else torch.empty(n, k)
-    w[:n, :k] = weight
-    tiles = w.view(nb, bn, kb, bk)
-    amax = torch.maximum(tiles.amax(dim=(1, 3)), -tiles.amin(dim=(1, 3)))  # max |w| without a copy
-    # An all-zero tile gets scale 1 so it stays exactly zero and the scale stays finite.
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    values = tiles.div_(scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8).view(nb * bn, kb * bk)
-    return (values[:n, :k].contiguous() if padded else values), scale.contiguous()
+    values, scale = torch.empty(n, k, dtype=FP8), torch.empty(nb, kb)
+
+    def chunk(rows: slice) -> None:
+        m = rows.stop - rows.start
+        mb = -(-m // bn)
+        w = torch.zeros(mb * bn, kb * bk) if (mb * bn, kb * bk) != (m, k) else torch.empty(m, k)
+        w[:m, :k] = weight[rows]
+        tiles = w.view(mb, bn, kb, bk)
+        amax = torch.maximum(tiles.amax(dim=(1, 3)), -tiles.amin(dim=(1, 3)))  # max |w| without a copy
+        # An all-zero tile gets scale 1 so it stays exactly zero and the scale stays finite.
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        tiles.div_(s[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX)
+        values[rows] = w[:m, :k]
+        scale[rows.start // bn: rows.start // bn + mb] = s
+
+    run_chunks(chunk, row_slices(n, kb * bk, bn), pool)
+    return values, scale
 
 
 def dequantize_fp8_blocks(values: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype) -> torch.Tensor:

@@ -35,7 +35,11 @@ def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tenso
             from gptqmodel import GPTQModel, QuantizeConfig
         except ImportError as e:
             raise SpecliteError(f"--method gptq needs GPTQModel ({e.name or e} is missing): {INSTALL_HINT}") from None
-        config = QuantizeConfig(bits=4, group_size=group_size, sym=sym, desc_act=act_order)
+        # offload_to_disk (GPTQModel 7.6's default, pinned here): load() builds the model on
+        # meta and reads each block from the checkpoint when it is quantized, then offloads it to
+        # disk, so peak memory is one block, its Hessians and the embeddings, whatever the depth.
+        config = QuantizeConfig(bits=4, group_size=group_size, sym=sym, desc_act=act_order, offload_to_disk=True,
+                                offload_to_disk_path=os.path.join(scratch, "offload"))
         calibration = [{"input_ids": w.tolist(), "attention_mask": [1] * w.numel()} for w in windows]
         model = GPTQModel.load(str(model_dir), config, device=str(device))
         model.quantize(calibration, batch_size=1)

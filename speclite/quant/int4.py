@@ -8,11 +8,13 @@ from this one representation; a last group shorter than group_size is simply a s
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import torch
 
 from speclite.errors import SpecliteError
+from speclite.quant.rows import row_slices, run_chunks
 
 MAXQ = 15
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)  # unpacking
@@ -62,27 +64,57 @@ def quantize_values_(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -
     return w.div_(scale).round_().add_(zero).clamp_(0, MAXQ)
 
 
-def quantize_rtn(weight: torch.Tensor, group_size: int, sym: bool) -> Int4Weight:
-    """Round-to-nearest per group of `group_size` input channels; no data needed.
+def quantize_rtn(weight: torch.Tensor, group_size: int, sym: bool, pool: Executor | None = None) -> Int4Weight:
+    """Round-to-nearest per group of `group_size` input channels; no data needed."""
+    n, k = weight.shape
+    q, scale, zero = _rtn(weight, group_size, sym, False, pool)
+    return Int4Weight(q, zero.t().to(torch.uint8).contiguous(), scale.t().half().contiguous(),
+                      _g_idx(k, group_size), group_size)
 
-    One float32 copy of the weight, rounded in place: streaming a checkpoint runs at the speed of
-    these few whole-tensor passes.
+
+def rtn_gptq(weight: torch.Tensor, group_size: int, sym: bool, name: str,
+             pool: Executor | None = None) -> dict[str, torch.Tensor]:
+    """to_gptq(quantize_rtn(...)) without the unpacked values: each chunk leaves its codes as bytes of
+    two nibbles, which read as int32 are GPTQ's words along K (qweight is their transpose)."""
+    n, k = weight.shape
+    _check_packable(n, k, name)
+    pairs, scale, zero = _rtn(weight, group_size, sym, True, pool)
+    return _gptq_tensors(pairs.view(torch.int32).t().contiguous(), zero.t().to(torch.uint8), scale.t(),
+                         _g_idx(k, group_size), True)
+
+
+def _rtn(weight: torch.Tensor, group_size: int, sym: bool, pairs: bool, pool: Executor | None):
+    """(codes uint8 [N, K], or [N, K/2] with code 2j in the low and 2j+1 in the high nibble; scale, zero [N, G]).
+
+    Per row chunk: one float32 copy, zero-padded to whole groups (the padding cannot move a group's
+    min/max: the range includes 0 anyway), rounded in place while it is in cache.
     """
     n, k = weight.shape
     groups = -(-k // group_size)
-    # Zero padding of the last group cannot move its min/max: the range includes 0 anyway.
-    w = torch.zeros(n, groups * group_size) if groups * group_size > k else torch.empty(n, k)
-    w[:, :k] = weight
-    w = w.view(n, groups, group_size)
-    scale, zero = group_params(w, sym)  # [N, G]
-    q = quantize_values_(w, scale[..., None], zero[..., None]).view(n, -1)[:, :k]
-    return Int4Weight(
-        q=q.to(torch.uint8).contiguous(),
-        zeros=zero.t().to(torch.uint8).contiguous(),
-        scales=scale.t().half().contiguous(),
-        g_idx=(torch.arange(k) // group_size).to(torch.int32),
-        group_size=group_size,
-    )
+    width = groups * group_size
+    codes = torch.empty(n, k // 2 if pairs else k, dtype=torch.uint8)
+    scale, zero = torch.empty(n, groups), torch.empty(n, groups)
+
+    def chunk(rows: slice) -> None:
+        m = rows.stop - rows.start
+        w = torch.zeros(m, width) if width > k else torch.empty(m, k)
+        w[:, :k] = weight[rows]
+        g = w.view(m, groups, group_size)
+        s, z = group_params(g, sym)
+        quantize_values_(g, s[..., None], z[..., None])
+        if pairs:
+            two = w[:, :k].unflatten(1, (-1, 2))
+            codes[rows] = torch.add(two[..., 0], two[..., 1], alpha=16)  # exact: integers below 256
+        else:
+            codes[rows] = w[:, :k]
+        scale[rows], zero[rows] = s, z
+
+    run_chunks(chunk, row_slices(n, width), pool)
+    return codes, scale, zero
+
+
+def _g_idx(k: int, group_size: int) -> torch.Tensor:
+    return (torch.arange(k) // group_size).to(torch.int32)
 
 
 def pack_nibbles(values: torch.Tensor, dim: int) -> torch.Tensor:
@@ -110,12 +142,16 @@ def to_gptq(w: Int4Weight, name: str, v1: bool = True) -> dict[str, torch.Tensor
     """GPTQ tensors (suffixes qweight/qzeros/scales/g_idx); v1 stores zero-1 (masked to 4 bits)."""
     n, k = w.q.shape
     _check_packable(n, k, name)
-    zeros = w.zeros.to(torch.int64) - (1 if v1 else 0)
+    return _gptq_tensors(pack_nibbles(w.q.t(), 0), w.zeros, w.scales, w.g_idx, v1)
+
+
+def _gptq_tensors(qweight, zeros, scales, g_idx, v1: bool) -> dict[str, torch.Tensor]:
+    zeros = zeros.to(torch.int64) - (1 if v1 else 0)
     return {
-        "qweight": pack_nibbles(w.q.t(), 0),
+        "qweight": qweight,
         "qzeros": pack_nibbles(zeros & 0xF, 1),
-        "scales": w.scales.half().contiguous(),
-        "g_idx": w.g_idx.to(torch.int32).contiguous(),
+        "scales": scales.half().contiguous(),
+        "g_idx": g_idx.to(torch.int32).contiguous(),
     }
 
 

@@ -19,12 +19,13 @@ from speclite.quant.blockwise import BlockRunner
 from speclite.quant import calib as calibration
 from speclite.quant.bnb import nf4_linear
 from speclite.quant.fp8 import quantize_fp8_blocks
-from speclite.quant.int4 import quantize_rtn, to_gptq
+from speclite.quant.int4 import quantize_rtn, rtn_gptq
 from speclite.quant.int8 import quantize_int8_channel
 from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
 from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, LOAD_TIME_SCHEMES, NF4,
                                     check_method, normalize_scheme, quantization_config,
                                     quantized_bytes)
+from speclite.quant.rows import chunk_workers
 from speclite.quant.source import TensorSource, layer_index
 from speclite.quant.writer import SHARD_BYTES, ShardWriter, check_free_space, checkpoint_bytes, finish, prepare_out_dir
 
@@ -110,9 +111,10 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
             if method == "smoothquant":
                 _stream_smoothed(source, args, windows, alpha, scheme, group_size, sym, writer, device, progress)
             else:
-                for name in source.names():
-                    _emit(writer, scheme, name, source.get(name), group_size, sym, name in linears)
-                    progress.tensor(name, source.nbytes[name])
+                with chunk_workers() as pool:
+                    for name in source.names():
+                        _emit(writer, scheme, name, source.get(name), group_size, sym, name in linears, pool)
+                        progress.tensor(name, source.nbytes[name])
             writer.close()
             config = {**config, "quantization_config": quantization_config(scheme, group_size, sym, act_order)}
             finish(staging, out_dir, model_dir, config)
@@ -134,14 +136,15 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
                        ppl_before, ppl_after, len(linears), time.perf_counter() - started, quantize_seconds, skipped)
 
 
-def _emit(writer: ShardWriter, scheme, name: str, tensor: torch.Tensor, group_size, sym, quantize: bool) -> None:
+def _emit(writer: ShardWriter, scheme, name: str, tensor: torch.Tensor, group_size, sym, quantize: bool,
+          pool=None) -> None:
     if not quantize:
         # Copied bit for bit in its own dtype, and out of the source's memory map: a pending view
         # would keep the whole input file mapped until its shard is written.
         writer.add(name, tensor.clone())
         return
     module = name[: -len(".weight")]
-    for suffix, t in _quantized_tensors(scheme, module, tensor, group_size, sym).items():
+    for suffix, t in _quantized_tensors(scheme, module, tensor, group_size, sym, pool).items():
         writer.add(f"{module}.{suffix}", t)
 
 
@@ -226,13 +229,13 @@ def _tokenizer(model_dir: Path, required: bool):
         return None
 
 
-def _quantized_tensors(scheme, module, weight, group_size, sym) -> dict[str, torch.Tensor]:
+def _quantized_tensors(scheme, module, weight, group_size, sym, pool=None) -> dict[str, torch.Tensor]:
     if scheme == FP8_BLOCK:
-        values, scale = quantize_fp8_blocks(weight, FP8_BLOCK_SIZE)
+        values, scale = quantize_fp8_blocks(weight, FP8_BLOCK_SIZE, pool)
         return {"weight": values, "weight_scale_inv": scale}
     if scheme == INT4:
-        return to_gptq(quantize_rtn(weight, group_size, sym), module)
-    q, scale = quantize_int8_channel(weight)
+        return rtn_gptq(weight, group_size, sym, module, pool)
+    q, scale = quantize_int8_channel(weight, pool)
     return {"weight": q, "weight_scale": scale}
 
 
