@@ -25,6 +25,9 @@ from speclite.speculate.registry import BuildContext, Method, Option, register
 
 # Where checkpoints name their mask token: amd/PARD-* (and vLLM) `pard_token`, TensorRT-LLM `mask_token_id`.
 CONFIG_KEYS = ("pard_token", "mask_token_id")
+# Shared with dflash (one option of one name): the mask token the draft's block is filled with.
+MASK_TOKEN = Option("mask_token_id", int, None, "PARD / DFlash: the draft's mask token id (default: its config.json "
+                    "pard_token or mask_token_id; DFlash: dflash_config.mask_token_id).")
 
 
 class ParallelDraftProposer(DraftModelProposer):
@@ -75,8 +78,7 @@ def _build(ctx: BuildContext) -> ParallelDraftProposer:
 
 register(Method(
     "pard", _build, "a PARD parallel draft model proposes all k drafts in one forward from k-1 mask tokens (--draft)",
-    options=(Option("mask_token_id", int, None,
-                    "PARD: the draft's mask token id (default: its config.json pard_token or mask_token_id)."),),
+    options=(MASK_TOKEN,),
     needs_draft=True, vllm_flag=("vanilla", "parallel_drafting"), flat_draft_cost=True,
     in_default_sweep=False,  # the default draft of a model is an ordinary one, without a mask token
 ))

@@ -1,0 +1,41 @@
+"""`dflash`: a DFlash block-diffusion drafter (z-lab/*-DFlash*, --draft DIR) drafts k tokens in one forward.
+
+Registered as `dflash` (vLLM's and SGLang's name). It conditions on the target's states, embeds
+with the target's embedding and reads logits through the target's lm_head; --draft-quant
+quantizes its layers' linears like any draft's. k is capped at the drafter's block size - 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from speclite.speculate.dflash.draft import DFlashDraft
+from speclite.speculate.dflash.load import load_drafter
+from speclite.speculate.dflash.proposer import DFlashProposer
+from speclite.speculate.pard import MASK_TOKEN
+from speclite.speculate.registry import BuildContext, Method, register
+
+__all__ = ["DFlashDraft", "DFlashProposer", "load_draft", "load_drafter"]
+
+
+def load_draft(draft_dir: str | Path, target, quant: str | None = None, mask_token: int | None = None) -> DFlashDraft:
+    """The drafter for `target` (its device and dtype), quantized at load like any draft (--draft-quant)."""
+    weight = target.model.embed_tokens.weight  # embeddings stay high precision in every scheme
+    draft = load_drafter(draft_dir, target.args, weight.device, weight.dtype, mask_token)
+    if quant:
+        from speclite.quant import quantize_model
+
+        quantize_model(draft, quant)
+    return draft
+
+
+def _build(ctx: BuildContext) -> DFlashProposer:
+    draft = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant, ctx.options["mask_token_id"])
+    return DFlashProposer(draft, ctx.target.model.embed_tokens, ctx.target.lm_head, ctx.max_len)
+
+
+register(Method(
+    "dflash", _build, "a DFlash drafter proposes a block of k drafts in one forward from the target's states (--draft DIR)",
+    options=(MASK_TOKEN,), needs_draft=True, draft_is_model=False, needs_target=True, flat_draft_cost=True,
+    in_default_sweep=False,
+))

@@ -1,0 +1,91 @@
+"""`dflash`: the drafter proposes a block of k drafts in one forward from the target's states.
+
+The drafter's cache holds one context entry per committed position p < len(tokens) - 1 (the
+target's states at p, fused); the states the target hands over on each observe (rows of the last
+committed token and of each accepted draft) wait as pending rows until the next propose injects
+them, so a rejected draft never reaches the cache and nothing needs cropping then. The block's
+own entries are written past the context and dropped by leaving the length pointer there. Each
+draft is drawn from its own row's distribution, independent of the drafts before it, which
+rejection sampling allows (any proposal distribution keeps the target's).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from speclite.model.step import Step, Wants
+from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.dflash.draft import DFlashDraft
+from speclite.speculate.draft_model import draw
+
+
+class DFlashProposer(Proposer):
+    name = "dflash"
+
+    def __init__(self, draft: DFlashDraft, embed: nn.Embedding, lm_head: nn.Module, max_len: int):
+        self.draft, self.embed, self.lm_head = draft, embed, lm_head
+        # The outputs of layer i are the inputs of layer i + 1 (the last one's: Wants' num_layers).
+        self.wants = Wants(layers=tuple(sorted({i + 1 for i in draft.target_layers})))
+        self.cache = draft.new_cache(max_len)
+        self.tokens: list[int] = []
+        norm = draft.model.norm.weight
+        self.none = torch.empty(0, draft.args.hidden_size, dtype=norm.dtype, device=norm.device)
+        self.pending = self.none  # context rows of positions cache.length.., not yet injected
+
+    def resident(self) -> tuple[list, list]:
+        return [self.draft], [self.cache]
+
+    def reset(self) -> None:
+        self.tokens, self.pending = [], self.none
+        self.cache.rollback(0)
+
+    def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
+        self.ctx = ctx
+        common = 0
+        for a, b in zip(self.tokens, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        # The states at p depend on tokens 0..p: entries and pending rows of p < common stand, and
+        # the context stops before the last token (the block's first row).
+        stand = min(common, len(prompt_ids) - 1)
+        self.pending = self.pending[: max(stand - self.cache.length, 0)]
+        self.cache.rollback(min(self.cache.length, stand))
+        self.tokens = list(prompt_ids)
+        if ctx.prompt_states is not None:  # the prefill's rows: prompt positions prompt_from..
+            self._take(ctx.prompt_states, ctx.prompt_from)
+
+    def observe(self, tokens: list[int], states: Step | None = None) -> None:
+        if states is not None:  # rows of the previous last token, then of each accepted draft
+            self._take(states, len(self.tokens) - 1)
+        self.tokens.extend(tokens)
+
+    def _take(self, states: Step, first: int) -> None:
+        """Context rows from the target's states of positions first.. join the pending rows."""
+        with torch.inference_mode():
+            fused = self.draft.fuse(torch.cat([states.layers[i + 1] for i in self.draft.target_layers], dim=-1))
+        known = self.cache.length + self.pending.shape[0]
+        if first > known:
+            raise ValueError(f"DFlash states from position {first} leave a gap after {known}")
+        if first < self.cache.length:  # entries the cache already holds: recompute them from these states
+            self.cache.rollback(first)
+            self.pending = fused
+        else:
+            self.pending = torch.cat([self.pending[: first - self.cache.length], fused])
+
+    def propose(self, k: int) -> Proposal:
+        start = len(self.tokens) - 1  # the last committed token's position: the block's first row
+        need = start - self.cache.length  # context rows to inject first
+        k = min(k, self.draft.block_size - 1, self.cache.max_len - start - 1)
+        if k < 1 or self.pending.shape[0] < need:
+            return Proposal([])  # states of the context are missing (none were asked for): no drafts
+        ids = torch.tensor([self.tokens[-1]] + [self.draft.mask_token] * k, device=self.ctx.device)
+        with torch.inference_mode():
+            embeds = self.embed(ids).to(self.pending.dtype)
+            hidden = self.draft(self.pending[:need], embeds, self.cache)
+            self.pending = self.pending[need:]
+            logits = self.lm_head(hidden[1:])  # the target's head: the target's vocabulary
+            drafts = [draw(row, self.ctx) for row in logits]
+        probs = [q for _, q in drafts if q is not None]
+        return Proposal([t for t, _ in drafts], torch.stack(probs) if probs else None)
