@@ -44,6 +44,15 @@ def test_logits_match_transformers(model_dirs, family):
     check_against_reference(model_dirs[family])
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_torch_layer_ops_match_transformers_too(model_dirs, family, monkeypatch):
+    """The torch path (GPUs, CPUs without AVX2) where this machine takes the C++ layer ops."""
+    from speclite.kernels import cpu_layer_ops
+
+    monkeypatch.setattr(cpu_layer_ops, "takes", lambda x: False)
+    check_against_reference(model_dirs[family])
+
+
 @pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
 def test_rope_scaling_matches_transformers(tmp_path, tokenizer, variant):
     family, overrides = ROPE_VARIANTS[variant]

@@ -1,5 +1,6 @@
 """speclite's AVX2 CPU kernels for a decoder layer's non-matmul work (kernels/cpu/layer_ops_avx2.cpp):
-RMSNorm, and RoPE + KV-cache write + attention, one C call each instead of ~25 torch ops per layer.
+RMSNorm, SwiGLU, and RoPE + KV-cache write + attention, one C call each instead of ~30 torch ops per
+layer.
 
 Rows are computed independently of each other (speculative verification stays bit-identical to
 plain decoding). `available()` is False without an AVX2 CPU or a compiler, or with
@@ -38,6 +39,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [M, 2I] (gate columns first), rounded as torch rounds it."""
+    gate_up = gate_up.contiguous()
+    m, i = gate_up.shape[0], gate_up.shape[1] // 2
+    y = torch.empty(m, i, dtype=gate_up.dtype)
+    _library().speclite_swiglu(gate_up.data_ptr(), y.data_ptr(), DTYPES[gate_up.dtype], m, i)
+    return y
+
+
 def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
               heads: int, kv_heads: int, start: int, keys: int, mask: torch.Tensor | None) -> torch.Tensor:
     """RoPE on q and k of the projections qkv [t, (heads + 2 kv_heads) d], k and v written to the
@@ -57,5 +67,6 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
 def _library():
     return cpu_build.load("avx2", "layer_ops_avx2.cpp", FLAGS, {
         "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
+        "speclite_swiglu": [_P, _P, _I, _I, _I],
         "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
     })

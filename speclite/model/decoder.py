@@ -240,7 +240,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(i, h, bias=b)
 
     def forward(self, x):
-        gate, up = project(x, self.gate_proj, self.up_proj).chunk(2, dim=-1)
+        gate_up = project(x, self.gate_proj, self.up_proj)
+        if cpu_layer_ops.takes(gate_up):
+            return self.down_proj(cpu_layer_ops.swiglu(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

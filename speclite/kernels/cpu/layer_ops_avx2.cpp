@@ -1,5 +1,5 @@
-// The decoder's non-matmul work in one call each, for x86 CPUs with AVX2 + FMA + F16C: RMSNorm, and
-// RoPE + KV-cache write + attention. In torch eager these are 6 and ~20 small ops per layer, whose
+// The decoder's non-matmul work in one call each, for x86 CPUs with AVX2 + FMA + F16C: RMSNorm, SwiGLU,
+// and RoPE + KV-cache write + attention. In torch eager these are 6 and ~20 small ops per layer, whose
 // dispatch cost more than their arithmetic on one decode row.
 //
 // Tensors are fp32, bf16 or f16 (one dtype per call); arithmetic is fp32, results rounded once to
@@ -108,6 +108,16 @@ void speclite_rms_norm(const void *x, const void *weight, void *y, int dt, int M
         const float r = 1.f / std::sqrt(ss / (float)H + eps);
         for (i = 0; i < H; i++) store1(y, dt, row + i, load1(weight, dt, i) * round_to(dt, load1(x, dt, row + i) * r));
     }
+}
+
+// y [M, I] = round(silu(gate)) * up, rounded, for gate_up [M, 2I] (gate columns, then up), as torch's
+// F.silu(gate) * up computes it in the dtype.
+void speclite_swiglu(const void *gate_up, void *y, int dt, int M, int I) {
+    for (int m = 0; m < M; m++)
+        for (int i = 0; i < I; i++) {
+            const float g = load1(gate_up, dt, (int64_t)m * 2 * I + i), u = load1(gate_up, dt, (int64_t)m * 2 * I + I + i);
+            store1(y, dt, (int64_t)m * I + i, round_to(dt, g / (1.f + std::exp(-g))) * u);
+        }
 }
 
 // One attention layer's work after the q/k/v projections, for t new tokens:

@@ -1,0 +1,102 @@
+"""speclite's AVX2 layer ops (RMSNorm, SwiGLU, RoPE + cache write + attention) against float64 torch
+math, rows independent of the batch, and keys a row does not see changing nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speclite.kernels import cpu_layer_ops
+
+needs_kernels = pytest.mark.skipif(not cpu_layer_ops.available(), reason="no AVX2 CPU or no C++ compiler here")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def rel_err(y, reference):
+    return ((y.double() - reference).abs().max() / reference.abs().max()).item()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,h", [(1, 896), (5, 37), (3, 64)])
+def test_rms_norm_equals_float64_math(m, h, dtype):
+    torch.manual_seed(m * h)
+    x, w = torch.randn(m, h).to(dtype), (torch.rand(h) + 0.5).to(dtype)
+    ref = w.double() * (x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-6).sqrt())
+    y = cpu_layer_ops.rms_norm(x, w, 1e-6)
+    assert y.dtype == dtype and rel_err(y, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_equals_float64_math(dtype):
+    torch.manual_seed(1)
+    gate_up = (torch.randn(4, 2 * 75) * 3).to(dtype)
+    g, u = gate_up.double().chunk(2, dim=-1)
+    y = cpu_layer_ops.swiglu(gate_up)
+    assert y.shape == (4, 75) and rel_err(y, g * torch.sigmoid(g) * u) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def rope64(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def attention_reference(qkv, cos, sin, cache_k, cache_v, heads, kv_heads, start, mask):
+    """float64: RoPE, the new keys/values after the cached ones, softmax attention under mask."""
+    t, d = qkv.shape[0], cache_k.shape[-1]
+    q, k, v = qkv.double().split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
+    q, k, v = rope64(q.view(t, heads, d), c, s), rope64(k.view(t, kv_heads, d), c, s), v.view(t, kv_heads, d)
+    keys = torch.cat([cache_k[:, :start].double(), k.transpose(0, 1)], dim=1)
+    values = torch.cat([cache_v[:, :start].double(), v.transpose(0, 1)], dim=1)
+    group = heads // kv_heads
+    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+    scores = q.transpose(0, 1) @ keys.transpose(1, 2) / d ** 0.5
+    scores = scores.masked_fill(~mask[None, :, : start + t], float("-inf"))
+    return (scores.softmax(-1) @ values).transpose(0, 1).reshape(t, heads * d), k, v
+
+
+def case(dtype, t, start, heads=4, kv_heads=2, d=32, max_len=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
+    angles = torch.rand(t, d // 2, generator=g) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    cache_k = torch.randn(kv_heads, max_len, d, generator=g).to(dtype)
+    cache_v = torch.randn(kv_heads, max_len, d, generator=g).to(dtype)
+    return qkv, cos, sin, cache_k, cache_v
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 17, False), (5, 9, False), (6, 3, True)])
+def test_attention_equals_float64_math_and_writes_the_cache(dtype, t, start, tree):
+    qkv, cos, sin, cache_k, cache_v = case(dtype, t, start, seed=t + start)
+    end = start + t
+    mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+    if tree:  # a token tree: new token i sees the prefix and its ancestors (here: every other one)
+        new = torch.tril(torch.ones(t, t, dtype=torch.bool)) & ((torch.arange(t)[:, None] - torch.arange(t)[None, :]) % 2 == 0)
+        mask = torch.cat([torch.ones(t, start, dtype=torch.bool), new], dim=1)
+    ref, k, v = attention_reference(qkv, cos, sin, cache_k, cache_v, 4, 2, start, mask)
+    out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, 4, 2, start, end, None if t == 1 else mask)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert out.dtype == dtype and rel_err(out, ref) < tol
+    assert rel_err(cache_k[:, start:end], k.transpose(0, 1)) < tol
+    assert torch.equal(cache_v[:, start:end], v.transpose(0, 1).to(dtype))
+
+
+@needs_kernels
+def test_attention_rows_are_independent_and_unseen_keys_change_nothing():
+    qkv, cos, sin, cache_k, cache_v = case(torch.bfloat16, 6, 10, seed=7)
+    start, t = 10, 6
+    causal = torch.arange(start + t)[None, :] <= torch.arange(start, start + t)[:, None]
+    batch = cpu_layer_ops.attention(qkv, cos, sin, cache_k.clone(), cache_v.clone(), 4, 2, start, start + t, causal)
+    # The static path: the whole cache attended under a mask hiding the slots past each row.
+    whole = torch.zeros(t, cache_k.shape[1], dtype=torch.bool)
+    whole[:, : start + t] = causal
+    static = cpu_layer_ops.attention(qkv, cos, sin, cache_k.clone(), cache_v.clone(), 4, 2, start, cache_k.shape[1], whole)
+    assert torch.equal(static, batch)
+    k, v = cache_k.clone(), cache_v.clone()
+    for i in range(t):  # one token at a time, as plain decoding runs
+        alone = cpu_layer_ops.attention(qkv[i:i + 1], cos[i:i + 1], sin[i:i + 1], k, v, 4, 2, start + i, start + i + 1, None)
+        assert torch.equal(alone[0], batch[i]), i
