@@ -96,9 +96,9 @@ def test_int8_equals_float64_math_of_the_same_quantization(m, n, k):
 
 
 @needs_kernels
-@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_half_equals_float64_math(m, n, k, wdtype):
+def test_dense_equals_float64_math(m, n, k, wdtype):
     torch.manual_seed(m + n + k)
     x = torch.randn(m, k)
     w = torch.randn(n, k).to(wdtype)
@@ -219,3 +219,19 @@ def test_joined_int4_projections_equal_each_linear_alone_bit_for_bit():
         assert joint.shape == (m, 176)
         for y, layer in zip(joint.split([96, 40, 40], dim=-1), layers):
             assert torch.equal(y, layer(x))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_joined_dense_projections_equal_each_linear_alone_bit_for_bit(dtype):
+    from speclite.model.decoder import Linear
+
+    torch.manual_seed(9)
+    layers = [Linear(200, n, bias=bias).to(dtype) for n, bias in [(64, True), (31, False), (33, True)]]
+    for m in (1, 5):
+        x = torch.randn(m, 200).to(dtype)
+        joint = Linear.joint_matmul(x, layers)
+        assert joint.shape == (m, 128)
+        for y, layer in zip(joint.split([64, 31, 33], dim=-1), layers):
+            assert torch.equal(y, layer(x))
+            assert close(y - (0 if layer.bias is None else layer.bias), x.double() @ layer.weight.double().t(), 1e-2)

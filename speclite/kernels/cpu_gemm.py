@@ -90,14 +90,49 @@ def int8_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, k: int) -> 
     return y
 
 
-def half_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w^T for contiguous bf16 or f16 w [N, K], fp32 arithmetic."""
+class DenseMatrices:
+    """One or more contiguous dense weights [N_i, K] of one dtype (fp32, bf16, f16) and one input,
+    multiplied in one kernel call (x widened to fp32 once, one thread team for all the columns)."""
+
+    def __init__(self, weights):
+        self.weights, self.n, self.k = weights, sum(w.shape[0] for w in weights), weights[0].shape[1]
+        parts = len(weights)
+        self.args = [ctypes.c_int(parts), (_P * parts)(*(w.data_ptr() for w in weights)), DTYPES[weights[0].dtype],
+                     (_I * parts)(*(w.shape[0] for w in weights))]
+
+
+def dense_gemm(x: torch.Tensor, mats: DenseMatrices) -> torch.Tensor:
+    """x [M, K] @ [W_0; W_1; ...]^T in fp32 arithmetic; [M, sum of N] in x's dtype."""
     x = x.contiguous()
-    m, (n, k) = x.shape[0], w.shape
-    y = torch.empty(m, n, dtype=x.dtype)
-    _library().speclite_half_gemm(x.data_ptr(), DTYPES[x.dtype], w.data_ptr(), DTYPES[w.dtype], y.data_ptr(),
-                                  m, n, k, torch.get_num_threads())
+    m = x.shape[0]
+    y = torch.empty(m, mats.n, dtype=x.dtype)
+    _library().speclite_dense_gemm(x.data_ptr(), DTYPES[x.dtype], *mats.args, y.data_ptr(), m, mats.k,
+                                   torch.get_num_threads())
     return y
+
+
+def half_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w^T for one contiguous fp32, bf16 or f16 w [N, K], fp32 arithmetic."""
+    return dense_gemm(x, DenseMatrices([w]))
+
+
+def cached(owner, tensors: list, build):
+    """build() kept on module `owner` for these exact tensors (a weight replaced: built again).
+    A layer's kernel arguments (pointer arrays, joined biases) are built once, not per call."""
+    store = owner.__dict__.setdefault("_speclite_cached", {})
+    key = tuple(id(t) for t in tensors)
+    found = store.get(key)
+    if found is None or any(a is not b for a, b in zip(found[0], tensors)):
+        found = store[key] = (list(tensors), build())
+    return found[1]
+
+
+def joined_bias(linears) -> torch.Tensor | None:
+    """The linears' biases side by side (zeros for one without), or None if none has one."""
+    dtype = next((m.bias.dtype for m in linears if m.bias is not None), None)
+    if dtype is None:
+        return None
+    return torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in linears])
 
 
 @functools.cache
@@ -105,5 +140,5 @@ def _library():
     return cpu_build.load("avx2", "gemm_avx2.cpp", FLAGS, {
         "speclite_int4_gemm": [_P, _I, _I, _PP, _PP, _PP, _IP, _P, _I, _I, _I, _I],
         "speclite_int8_gemm": [_P, _I, _P, _P, _P, _I, _I, _I, _I],
-        "speclite_half_gemm": [_P, _I, _P, _I, _P, _I, _I, _I, _I],
+        "speclite_dense_gemm": [_P, _I, _I, _PP, _I, _IP, _P, _I, _I, _I],
     })

@@ -17,7 +17,7 @@ HALF = (torch.bfloat16, torch.float16)
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if x.device.type == "cpu" and x.dim() == 2:
-        if _avx512_bf16(x, weight):
+        if avx512_bf16(x, weight):
             y = cpu_gemv.gemm_bf16(x.contiguous(), weight).to(x.dtype)
         elif weight.dtype in HALF and weight.is_contiguous() and cpu_gemm.takes(x):
             y = cpu_gemm.half_gemm(x, weight)
@@ -29,6 +29,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _avx512_bf16(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def avx512_bf16(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x @ weight^T takes the AVX-512 BF16 kernel here."""
     return (x.dtype == weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0
             and weight.is_contiguous() and cpu_gemv.available())

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclite import kernels
-from speclite.kernels import cpu_layer_ops
+from speclite.kernels import cpu_gemm, cpu_layer_ops
 from speclite.errors import SpecliteError
 from speclite.model.kv_cache import KVCache
 from speclite.model.step import NOTHING, Step, Tree, Wants
@@ -152,10 +152,25 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear through speclite.kernels.linear (a decode step's one row takes the faster path)."""
+    """nn.Linear on speclite's CPU kernels where they apply (see joint_matmul), else kernels.linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.linear(x, self.weight, self.bias)
+        y = Linear.joint_matmul(x, [self])
+        return y if y is not None else kernels.linear(x, self.weight, self.bias)
+
+    @staticmethod
+    def joint_matmul(x: torch.Tensor, linears) -> torch.Tensor | None:
+        """The outputs of `linears` (one input) on x side by side, in one AVX2 kernel call (x widened
+        once, one thread fork) where their weights are contiguous CPU fp32/bf16/f16 of one dtype;
+        None elsewhere, and where the AVX-512 BF16 kernel (kernels.linear) is the faster path."""
+        w = linears[0].weight
+        if (x.dim() != 2 or not cpu_gemm.takes(x) or w.dtype not in cpu_gemm.DTYPES or kernels.dense.avx512_bf16(x, w)
+                or not all(type(m) is Linear and m.weight.dtype == w.dtype and m.weight.is_contiguous() for m in linears)):
+            return None
+        mats, bias = cpu_gemm.cached(linears[0], [t for m in linears for t in (m.weight, m.bias)], lambda: (
+            cpu_gemm.DenseMatrices([m.weight for m in linears]), cpu_gemm.joined_bias(linears)))
+        y = cpu_gemm.dense_gemm(x, mats)
+        return y if bias is None else y + bias
 
 
 def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:

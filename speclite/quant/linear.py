@@ -159,7 +159,11 @@ class Int4Linear(QuantLinear):
         if x.dim() != 2 or not all(isinstance(m, Int4Linear) and m.path == "cpu_int4" and m.perm is None
                                    and m.group_size == first.group_size for m in linears):
             return None
-        mats, bias = _fused_int4(linears)
+        mats, bias = cpu_gemm.cached(first, [t for m in linears for t in (m.qweight, m.scales, m.zeros, m.bias)],
+                                     lambda: (cpu_gemm.Int4Matrices([(m.qweight, m.scales, m.zeros) for m in linears],
+                                                                    [m.out_features for m in linears],
+                                                                    first.in_features, first.group_size),
+                                              cpu_gemm.joined_bias(linears)))
         y = cpu_gemm.int4_gemm(x, mats)
         return y if bias is None else y + bias
 
@@ -170,7 +174,9 @@ class Int4Linear(QuantLinear):
             return kernels.linear(x, self.weight)
         if self.path == "cpu_int4":
             x = x if self.perm is None else x[:, self.perm]
-            return cpu_gemm.int4_gemm(x, _fused_int4([self])[0])
+            mats = cpu_gemm.cached(self, [self.qweight, self.scales, self.zeros], lambda: cpu_gemm.Int4Matrices(
+                [(self.qweight, self.scales, self.zeros)], [self.out_features], self.in_features, self.group_size))
+            return cpu_gemm.int4_gemm(x, mats)
         xb = x.to(torch.bfloat16)
         if self.perm is not None:
             xb = xb[:, self.perm]
@@ -187,21 +193,4 @@ def _contiguous_group_order(g_idx: torch.Tensor, group_size: int) -> torch.Tenso
     if not torch.equal(g_idx.long()[perm], torch.arange(k) // group_size):
         return None
     return perm
-
-
-def _fused_int4(linears) -> tuple[cpu_gemm.Int4Matrices, torch.Tensor | None]:
-    """The kernel's view of cpu_int4 linears of one input and their joined bias, built once (kept on
-    the first linear; rebuilt only if a weight tensor was replaced)."""
-    tensors = [(m.qweight, m.scales, m.zeros) for m in linears]
-    cache = linears[0].__dict__.setdefault("_fused_int4", {})
-    key = tuple(id(m) for m in linears)
-    found = cache.get(key)
-    if found is None or any(a is not b for old, new in zip(found[0].packs, tensors) for a, b in zip(old, new)):
-        first = linears[0]
-        mats = cpu_gemm.Int4Matrices(tensors, [m.out_features for m in linears], first.in_features, first.group_size)
-        dtype = next((m.bias.dtype for m in linears if m.bias is not None), None)
-        bias = None if dtype is None else torch.cat(
-            [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in linears])
-        found = cache[key] = (mats, bias)
-    return found
 

@@ -6,7 +6,8 @@
 //         per 32-block to int8 once per call; a block's dot product is integer (maddubs), its float
 //         scale applied once per block, and the zeros once per group through the blocks' sums.
 //   int8  per-channel scale (W8A8): activations quantized per row to int8, integer dot products.
-//   bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C), fp32 FMAs.
+//   dense fp32, or bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C),
+//         fp32 FMAs.
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
 //
 // Exactness: the arithmetic of output (m, n) is the same sequence of operations whatever M is and
@@ -271,14 +272,15 @@ struct Int8 {
 
 // ---- bf16 / f16 ------------------------------------------------------------------------------
 
-struct Half {
-    const float *x;     // [M, K] fp32
-    const uint16_t *w;  // [N, K]
-    void *y;
-    int dt, wdt, N, K;
+struct Dense {
+    const float *x;  // [M, K] fp32
+    const void *w;   // [N, K] fp32, bf16 or f16
+    void *y;         // [M, ldy], this matrix's N columns from column y0
+    int dt, wdt, N, K, ldy, y0;
 
-    inline __m256 load_w(const uint16_t *p) const {
-        __m128i h = _mm_loadu_si128((const __m128i *)p);
+    inline __m256 load_w(int64_t i) const {
+        if (wdt == F32) return _mm256_loadu_ps((const float *)w + i);
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
         if (wdt == F16) return _mm256_cvtph_ps(h);
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
@@ -291,7 +293,7 @@ struct Half {
         const int K8 = K & ~7;
         for (int k = 0; k < K8; k += 8) {
             __m256 wv[NR];
-            for (int j = 0; j < NR; j++) wv[j] = load_w(w + (int64_t)(n0 + j) * K + k);
+            for (int j = 0; j < NR; j++) wv[j] = load_w((int64_t)(n0 + j) * K + k);
             for (int i = 0; i < MR; i++) {
                 const __m256 xv = _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k);
                 for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
@@ -301,7 +303,7 @@ struct Half {
             for (int j = 0; j < NR; j++) {
                 float tail = 0.f;
                 for (int k = K8; k < K; k++) tail += to_float(w, wdt, (int64_t)(n0 + j) * K + k) * x[(int64_t)(m0 + i) * K + k];
-                store(y, dt, (int64_t)(m0 + i) * N + n0 + j, hsum(acc[i][j]) + tail);
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j, hsum(acc[i][j]) + tail);
             }
     }
 };
@@ -392,18 +394,29 @@ void speclite_int8_gemm(const void *x, int dt, const int8_t *w, const float *wsc
     }
 }
 
-void speclite_half_gemm(const void *x, int dt, const uint16_t *w, int wdt, void *y, int M, int N, int K, int threads) {
+// y [M, sum of ns] = x @ [W_0; W_1; ...]^T for `parts` dense matrices (fp32, bf16 or f16, dtype wdt)
+// of one input: x is widened to fp32 once and one thread team splits all the columns.
+void speclite_dense_gemm(const void *x, int dt, int parts, const void *const *ws, int wdt, const int *ns, void *y,
+                         int M, int K, int threads) {
     Scratch &sc = scratch;
     sc.a.resize((size_t)M * K);
-    Half k{sc.a.data(), w, y, dt, wdt, N, K};
+    int ldy = 0;
+    for (int p = 0; p < parts; p++) ldy += ns[p];
+    thread_local std::vector<Dense> calls;  // the caller's: the team reads it through `mats`
+    std::vector<Dense> &mats = calls;
+    mats.clear();
+    for (int p = 0, y0 = 0; p < parts; y0 += ns[p++]) mats.push_back({sc.a.data(), ws[p], y, dt, wdt, ns[p], K, ldy, y0});
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
             for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
-        int n0, n1;
-        split(N, 4, omp_get_num_threads(), omp_get_thread_num(), n0, n1);
-        run_columns(k, M, n0, n1);
+        int c0, c1;
+        split(ldy, 4, omp_get_num_threads(), omp_get_thread_num(), c0, c1);
+        for (int p = 0, first = 0; p < parts; first += ns[p++]) {
+            const int a = std::max(c0, first), b = std::min(c1, first + ns[p]);
+            if (a < b) run_columns(mats[p], M, a - first, b - first);
+        }
     }
 }
 
