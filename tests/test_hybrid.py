@@ -23,11 +23,12 @@ from speclite.speculate.schedule import SpecLength
 from test_hardening import ASSETS, run_main
 from test_sampling_exact import one_thread
 
-GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)
+GREEDY = SamplingParams(max_new_tokens=20, ignore_eos=True)
 rng = random.Random(11)
-PROMPTS = [[rng.randrange(300) for _ in range(8)], [7, 8, 9, 10] * 4, [40, 41, 42] * 5 + [40]]  # 2 repetitive
+PROMPTS = [[rng.randrange(300) for _ in range(rng.randrange(3, 12))] for _ in range(3)]
+PROMPTS += [[7, 8, 9, 10] * 4, [40, 41, 42] * 5 + [40]]  # repetitive: prompt lookup hits
 # (k, N): drafts per iteration, of which the model drafts N.
-SHAPES = [(1, 1), (4, 2), (3, 0), (5, 5)]
+SHAPES = [(1, 1), (3, 1), (4, 2), (4, 0), (6, 6)]
 
 
 def generate(target, prompt, spec=None, params=GREEDY):
@@ -90,10 +91,10 @@ def test_greedy_identical_to_plain(target, dirs, plain, draft, kind):
 def test_int4_target(dirs):
     target = quantize_model(load_model(dirs / "target", "cpu", torch.float32), "int4", group_size=32)
     with one_thread():
-        plain = [generate(target, p)[0] for p in PROMPTS[:2]]
+        plain = [generate(target, p)[0] for p in PROMPTS[2:4]]
         for draft, quant in (("draft", None), ("head", "int4"), (None, None), ("module", "int4")):
             proposer = hybrid(target, dirs, draft, 4, 2, quant)
-            for i, prompt in enumerate(PROMPTS[:2]):
+            for i, prompt in enumerate(PROMPTS[2:4]):
                 assert generate(target, prompt, Speculation(proposer, SpecLength(4)))[0] == plain[i], (draft, i)
 
 
@@ -176,3 +177,18 @@ def test_cli_generate_equals_plain(dirs, tmp_path):
         assert {i: r["token_ids"] for i, r in out.items()} == plain, draft
         assert all(r["aux_info"]["accepted_by_part"].keys() == {"vanilla" if draft == "draft" else "eagle3", "lookup",
                                                                  "suffix"} for r in out.values())
+
+
+def test_bench_reports_acceptance_by_part(dirs, tmp_path):
+    from test_bench import FAST, bench
+
+    out = tmp_path / "b.json"
+    text = bench("--model", dirs / "target", "--draft", dirs / "draft", "--sp-type", "hybrid", "--k", 3,
+                 "--hybrid-model-steps", 1, "--prompts", "builtin:code", "--max-new-tokens", 8, *FAST, "--json", out)
+    data = json.loads(out.read_text())
+    row = next(r for r in data["configs"] if r["method"] == "hybrid")
+    assert row["by_part"].keys() == {"vanilla", "lookup", "suffix"}
+    assert sum(d for d, _ in row["by_part"].values()) == row["proposed"]
+    assert sum(a for _, a in row["by_part"].values()) == row["accepted"]
+    assert row["same_as_plain"] == row["runs"]
+    assert "by part" in text and f"vanilla {row['by_part']['vanilla'][1]}/" in text
