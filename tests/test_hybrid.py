@@ -13,6 +13,7 @@ from rich.console import Console
 from conftest import cli_generate, save_model, save_noisy_copy
 from eagle3_heads import save_head
 from mtp_modules import add_module, save_separate
+from speclite.chat.view import Setup, stats_line, stats_panel
 from speclite.engine.loop import Request, Speculation, decode
 from speclite.model import load_model
 from speclite.quant import quantize_model
@@ -138,9 +139,12 @@ def test_per_part_acceptance(dirs, policy):
         assert parts["lookup"][1] > 0
         info = stats.aux_info()["accepted_by_part"]
         assert info["lookup"] == {"drafted": parts["lookup"][0], "accepted": parts["lookup"][1]}
+        # The generate summary and chat's live panel and plain line show the same figures.
+        shown = f"lookup {parts['lookup'][1]}/{parts['lookup'][0]}"
+        setup = Setup("hybrid", "4", "target", "target")
         console = Console(record=True, width=200)
-        console.print(summary_table(stats, "t"))
-        assert f"lookup {parts['lookup'][1]}/{parts['lookup'][0]}" in console.export_text()
+        console.print(summary_table(stats, "t"), stats_panel(stats, setup, width=200))
+        assert console.export_text().count(shown) == 2 and shown in stats_line(stats, setup)
 
 
 BAD_FLAGS = [

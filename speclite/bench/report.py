@@ -115,7 +115,7 @@ def _pct(values: list[float]) -> str:
 
 def results_table(rows: list[dict], title: str, memory_kind: str) -> Table:
     table = Table(title=title, title_justify="left")
-    by_part = any(r["by_part"] for r in rows)  # the column only when a hybrid ran
+    by_part = any(r.get("by_part") for r in rows)  # the column only when a hybrid ran (rows of older JSON lack it)
     left = ("configuration", "accept per position", "accept by part")
     for col in ("configuration", "tok/s", "speedup", "tok/iter", "accept", "accept per position",
                 *(("accept by part",) if by_part else ()), "draft/verify time", f"peak MiB ({memory_kind})", "= plain"):
@@ -124,7 +124,7 @@ def results_table(rows: list[dict], title: str, memory_kind: str) -> Table:
         table.add_row(
             escape(r["label"]), f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['avg_tokens_per_iter']:.2f}",
             f"{r['accept_rate']:.0%}" if r["proposed"] else "-", _pct(r["accepted_per_position"]),
-            *((parts_summary(r["by_part"]) or "-",) if by_part else ()),
+            *((parts_summary(r.get("by_part", {})) or "-",) if by_part else ()),
             f"{r['draft_share']:.0%} / {r['verify_share']:.0%}", f"{r['peak_memory_bytes'] / 2**20:.1f}",
             f"{r['same_as_plain']}/{r['runs']}",
         )
