@@ -64,7 +64,7 @@ class SpecConfig:
         if k != "auto" and not 0 <= k <= 64:
             raise SpecliteError(f"--gen-num-per-cycle must be between 0 and 64, got {k}")
         check_names(self.verify, self.accept_policy)
-        options = method_options(method, self.options) if method != NONE else {}
+        options = method_options(method, self.options, k) if method != NONE else {}
         return replace(self, method=method, k=k, options=options)
 
 
@@ -167,7 +167,7 @@ class LLM:
                                     + (f": models.toml recommends no draft for '{self.model_name}'"
                                        if method.draft_is_model else ""))
             draft_dir = hub.resolve(draft, models_file)
-            if method.draft_is_model:
+            if method.loads_draft_model(cfg.options, draft_dir):
                 draft_model = load_draft(draft, self.tokenizer, self.model_name, self.device, self.dtype,
                                          cfg.draft_quant, models_file)
             self.draft_name = str(draft)

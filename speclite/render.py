@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from speclite.engine.stats import RequestStats
+from speclite.engine.stats import RequestStats, parts_summary
 
 
 def summary_table(stats: RequestStats, title: str) -> Table:
@@ -18,6 +18,7 @@ def summary_table(stats: RequestStats, title: str) -> Table:
         ("avg tokens / iteration", f"{stats.avg_tokens_per_iter:.2f}"),
         ("accept rate", f"{stats.accept_rate:.1%}"),
         ("accepted per position", " ".join(f"{x:.0%}" for x in stats.accepted_per_position) or "-"),
+        *((("accepted by part", parts_summary(stats.parts)),) if stats.parts else ()),
         ("draft / verify time", f"{stats.draft_s * 1000:.0f} ms / {stats.verify_s * 1000:.0f} ms"),
     ]
     for row in rows:

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from speclite.bench.runner import RunRecord
 from speclite.bench.sweep import BenchConfig
+from speclite.engine.stats import add_part, parts_summary
 
 
 def _tps_per_repeat(runs: list[RunRecord]) -> list[float]:
@@ -39,6 +40,10 @@ def _acceptance(runs: list[RunRecord]) -> dict:
                 accepted_at.append(0)
             proposed_at[i] += p
             accepted_at[i] += a
+    parts: dict[str, list[int]] = {}
+    for r in runs:
+        for name, (drafted, kept) in r.parts.items():
+            add_part(parts, name, drafted, kept)
     proposed, accepted = sum(r.proposed for r in runs), sum(r.accepted for r in runs)
     tokens, iters = sum(r.output_tokens for r in runs), sum(r.iter_count for r in runs)
     return {
@@ -51,6 +56,7 @@ def _acceptance(runs: list[RunRecord]) -> dict:
         "proposed_at": proposed_at,
         "accepted_at": accepted_at,
         "accepted_per_position": [a / p if p else 0.0 for a, p in zip(accepted_at, proposed_at)],
+        "by_part": parts,  # hybrid: part -> [drafted, accepted]
     }
 
 
@@ -109,14 +115,16 @@ def _pct(values: list[float]) -> str:
 
 def results_table(rows: list[dict], title: str, memory_kind: str) -> Table:
     table = Table(title=title, title_justify="left")
+    by_part = any(r.get("by_part") for r in rows)  # the column only when a hybrid ran (rows of older JSON lack it)
+    left = ("configuration", "accept per position", "accept by part")
     for col in ("configuration", "tok/s", "speedup", "tok/iter", "accept", "accept per position",
-                "draft/verify time", f"peak MiB ({memory_kind})", "= plain"):
-        table.add_column(col, justify="left" if col in ("configuration", "accept per position") else "right",
-                         no_wrap=col == "configuration")
+                *(("accept by part",) if by_part else ()), "draft/verify time", f"peak MiB ({memory_kind})", "= plain"):
+        table.add_column(col, justify="left" if col in left else "right", no_wrap=col == "configuration")
     for r in rows:
         table.add_row(
             escape(r["label"]), f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['avg_tokens_per_iter']:.2f}",
             f"{r['accept_rate']:.0%}" if r["proposed"] else "-", _pct(r["accepted_per_position"]),
+            *((parts_summary(r.get("by_part", {})) or "-",) if by_part else ()),
             f"{r['draft_share']:.0%} / {r['verify_share']:.0%}", f"{r['peak_memory_bytes'] / 2**20:.1f}",
             f"{r['same_as_plain']}/{r['runs']}",
         )

@@ -47,6 +47,7 @@ class RunRecord:
     same_as_plain: bool
     finish_reason: str
     token_ids: list[int] = field(repr=False, default_factory=list)
+    parts: dict[str, list[int]] = field(default_factory=dict)  # hybrid: part -> [drafted, accepted]
 
 
 def sync(device: torch.device) -> None:
@@ -113,7 +114,8 @@ class Runner:
         llm = next(iter(self.models.llms.values()))
         cfg = config.spec_config(self.models.draft_name, self.method_options)
         method = get_method(cfg.method)
-        draft = self.models.draft if method.needs_draft else None
+        wants_draft = method.needs_draft or method.loads_draft_model(cfg.options, self.models.draft_dir)
+        draft = self.models.draft if wants_draft else None
         proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len,
                                                            self.models.draft_dir))
         if self.models.static:
@@ -178,7 +180,8 @@ class Runner:
                     s = out.stats
                     rec = RunRecord(config.label, r, p.name, p.workload, len(out.token_ids), seconds, s.iter_count,
                                     s.proposed, s.accepted, list(s.proposed_at), list(s.accepted_at), s.draft_s,
-                                    s.verify_s, False, out.finish_reason, list(out.token_ids))
+                                    s.verify_s, False, out.finish_reason, list(out.token_ids),
+                                    {name: list(tally) for name, tally in s.parts.items()})
                     if config.method == "plain":
                         plain_ids[(config.quant, i)] = rec.token_ids
                     this_repeat.append((rec, (config.quant, i)))

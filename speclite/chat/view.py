@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from speclite.engine.engine import Chunk, RequestOutput
-from speclite.engine.stats import RequestStats
+from speclite.engine.stats import RequestStats, parts_summary
 
 MAX_BARS = 8  # positions drawn as bars; the rest are summed up in one line
 BAR_WIDTH = 30
@@ -87,6 +87,8 @@ def stats_panel(stats: RequestStats | None, setup: Setup, width: int = 80, title
         rest = per_position[MAX_BARS:]
         if rest:
             parts.append(Text(f"   positions {MAX_BARS + 1}-{len(per_position)}: mean {sum(rest) / len(rest):.0%}"))
+    if stats.parts:
+        parts.append(Text(f"accepted by part: {parts_summary(stats.parts)}", overflow="ellipsis", no_wrap=True))
     return Panel(Group(*parts), title=title or setup.title, title_align="left", width=width)
 
 
@@ -97,6 +99,8 @@ def stats_line(stats: RequestStats, setup: Setup) -> str:
     if stats.proposed:
         by_position = " ".join(f"{x:.0%}" for x in stats.accepted_per_position)
         parts += [f"accept rate {stats.accept_rate:.1%}", f"by position {by_position}"]
+    if stats.parts:
+        parts.append(f"by part {parts_summary(stats.parts)}")
     parts.append(f"draft/verify {stats.draft_s * 1000:.0f}/{stats.verify_s * 1000:.0f} ms")
     return ", ".join(parts)
 

@@ -119,7 +119,7 @@ class Decoding:
                         self.finish_reason = "stop"
                         break
                 produced += len(new)
-                stats.record(len(proposal.tokens), len(path), len(new), proposal.depth())
+                stats.record(len(proposal.tokens), len(path), len(new), proposal.depth(), proposal.parts)
                 yield new
                 if self.finish_reason == "stop":
                     return

@@ -16,14 +16,22 @@ class RequestStats:
     # whose accepted path did; for a chain, depth is the draft's position.
     proposed_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    # A proposal drafted in parts (hybrid: the model's, then n-gram ones): part -> [drafted, accepted].
+    parts: dict[str, list[int]] = field(default_factory=dict)
     draft_s: float = 0.0
     verify_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
     done_s: float | None = None  # wall time once finished (summed when totals are merged)
 
-    def record(self, num_proposed: int, num_accepted: int, num_emitted: int, depth: int | None = None) -> None:
+    def record(self, num_proposed: int, num_accepted: int, num_emitted: int, depth: int | None = None,
+               parts: tuple[tuple[str, int], ...] | None = None) -> None:
         """One iteration: `num_proposed` drafts `depth` levels deep (a chain: as many as drafts),
-        a path of `num_accepted` kept, `num_emitted` tokens out."""
+        a path of `num_accepted` kept, `num_emitted` tokens out; `parts`: the chain's (name, count)
+        stretches, whose accepted drafts are the first num_accepted."""
+        start = 0
+        for name, count in parts or ():
+            add_part(self.parts, name, count, min(max(num_accepted - start, 0), count))
+            start += count
         depth = num_proposed if depth is None else depth
         self.iter_count += 1
         self.output_len += num_emitted
@@ -48,6 +56,8 @@ class RequestStats:
                 self.accepted_at.append(0)
             self.proposed_at[i] += other.proposed_at[i]
             self.accepted_at[i] += other.accepted_at[i]
+        for name, (drafted, accepted) in other.parts.items():
+            add_part(self.parts, name, drafted, accepted)
         self.draft_s += other.draft_s
         self.verify_s += other.verify_s
         self.done_s = (self.done_s or 0.0) + other.elapsed_s
@@ -76,6 +86,7 @@ class RequestStats:
         return self.output_len / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def aux_info(self) -> dict:
+        by_part = {"accepted_by_part": {name: {"drafted": d, "accepted": a} for name, (d, a) in self.parts.items()}}
         return {
             "cost_time_ms": round(self.elapsed_s * 1000, 3),
             "output_len": self.output_len,
@@ -86,4 +97,16 @@ class RequestStats:
             "draft_time_ms": round(self.draft_s * 1000, 3),
             "verify_time_ms": round(self.verify_s * 1000, 3),
             "tokens_per_s": round(self.tokens_per_s, 3),
+            **(by_part if self.parts else {}),
         }
+
+
+def add_part(parts: dict[str, list[int]], name: str, drafted: int, accepted: int) -> None:
+    tally = parts.setdefault(name, [0, 0])
+    tally[0] += drafted
+    tally[1] += accepted
+
+
+def parts_summary(parts: dict[str, list[int]]) -> str:
+    """'model 12/20 (60%), lookup 3/9 (33%)': drafts accepted / drafted per part, for the UIs."""
+    return ", ".join(f"{name} {a}/{d} ({a / d:.0%})" if d else f"{name} 0/0" for name, (d, a) in parts.items())

@@ -32,11 +32,14 @@ class Proposal:
     `probs` [n, V]: probs[i] is the warped draft distribution token i was drawn from (for
     siblings drawn without replacement, the distribution after removing the earlier ones), for
     rejection sampling; None for deterministic proposers (one-hot draft distributions).
+    `parts`: (name, count) stretches of a chain in order, for a proposal that several proposers
+    drafted (hybrid: the model's drafts, then n-gram ones); the stats report acceptance per part.
     """
 
     tokens: list[int]
     probs: torch.Tensor | None = None
     parents: list[int] | None = None
+    parts: tuple[tuple[str, int], ...] | None = None
 
     @property
     def is_chain(self) -> bool:

@@ -26,8 +26,9 @@ class NgramIndex:
     def extend(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
 
-    def lookup(self, k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
+    def lookup(self, k: int, tail: list[int] = ()) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix
+        of the tokens plus `tail` (drafts not yet verified: matched, never indexed)."""
         toks = self.tokens
         # Index every n-gram that has at least one token after it (ends before the last position).
         for end in range(self.indexed + 1, len(toks)):
@@ -35,8 +36,9 @@ class NgramIndex:
                 if end >= n:
                     self.latest[tuple(toks[end - n : end])] = end
         self.indexed = max(self.indexed, len(toks) - 1)
-        for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
-            end = self.latest.get(tuple(toks[-n:]))
+        recent = (toks[-self.max_n :] + list(tail))[-self.max_n :]
+        for n in range(min(self.max_n, len(recent)), self.min_n - 1, -1):
+            end = self.latest.get(tuple(recent[-n:]))
             if end is not None:
                 return toks[end : end + k]
         return []
@@ -59,25 +61,30 @@ class PromptLookupProposer(Proposer):
         self.last_cursor = 0
 
     def propose(self, k: int) -> Proposal:
-        if self.edit:
-            if self.cursor is None:
-                self.cursor = self._realign()
-            if self.cursor is not None and self.cursor < len(self.advice):
-                return Proposal(self.advice[self.cursor : self.cursor + k])
-        drafts = self.context.lookup(k) or self._advice_lookup(k)
-        return Proposal(drafts)
+        if self.edit and self.cursor is None:
+            self.cursor = self._realign(self.context.tokens[-self.max_match :])
+        return self.propose_after([], k)
 
-    def _advice_lookup(self, k: int) -> list[int]:
-        tail = self.context.tokens[-self.max_match :]
+    def propose_after(self, drafts: list[int], k: int) -> Proposal:
+        """Up to k drafts continuing the sequence plus `drafts` (another proposer's, unverified)."""
+        recent = (self.context.tokens[-self.max_match :] + drafts)[-self.max_match :]
+        if self.edit:
+            cursor, _ = self._follow(self.cursor, drafts)
+            if cursor is None:
+                cursor = self._realign(recent)
+            if cursor is not None and cursor < len(self.advice):
+                return Proposal(self.advice[cursor : cursor + k])
+        return Proposal(self.context.lookup(k, drafts) or self._advice_lookup(k, recent))
+
+    def _advice_lookup(self, k: int, tail: list[int]) -> list[int]:
         for n in range(min(self.max_match, len(tail)), self.min_match - 1, -1):
             j = _find(self.advice, tail[-n:], 0)
             if j is not None:
                 return self.advice[j + n : j + n + k]
         return []
 
-    def _realign(self) -> int | None:
-        """After a divergence, the advice position following the output's latest n-gram."""
-        tail = self.context.tokens[-self.max_match :]
+    def _realign(self, tail: list[int]) -> int | None:
+        """After a divergence, the advice position following the output's latest n-gram (`tail`)."""
         for n in range(min(self.max_match, len(tail)), self.min_match - 1, -1):
             # Prefer the next occurrence at or after where we left the advice: edits move forward.
             j = _find(self.advice, tail[-n:], self.last_cursor)
@@ -91,12 +98,19 @@ class PromptLookupProposer(Proposer):
         self.context.extend(tokens)
         if not self.edit:
             return
-        for t in tokens:
-            if self.cursor is not None and self.cursor < len(self.advice) and self.advice[self.cursor] == t:
-                self.cursor += 1
-                self.last_cursor = self.cursor
-            else:
-                self.cursor = None
+        cursor, followed = self._follow(self.cursor, tokens)
+        if followed:
+            self.last_cursor = self.cursor + followed
+        self.cursor = cursor
+
+    def _follow(self, cursor: int | None, tokens: list[int]) -> tuple[int | None, int]:
+        """(the advice cursor after `tokens`, None once they leave the advice; how many it followed)."""
+        if cursor is None:
+            return None, 0
+        for i, t in enumerate(tokens):
+            if cursor + i >= len(self.advice) or self.advice[cursor + i] != t:
+                return None, i
+        return cursor + len(tokens), len(tokens)
 
 
 def _find(seq: list[int], pattern: list[int], start: int) -> int | None:

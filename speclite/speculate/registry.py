@@ -75,14 +75,16 @@ class Method:
     options: tuple[Option, ...] = ()
     needs_draft: bool = False  # --draft is required
     # True: --draft is a decoder speclite loads (same tokenizer checked, --draft-quant applied) and
-    # hands over as ctx.draft; False: the builder loads ctx.draft_dir itself (a head, e.g. EAGLE-3).
-    draft_is_model: bool = True
+    # hands over as ctx.draft; False: the builder loads ctx.draft_dir itself (a head, e.g. EAGLE-3);
+    # a callable (options, draft_dir) -> bool decides per configuration (hybrid: a model or a head).
+    draft_is_model: bool | Callable[[dict, Path | None], bool] = True
     # --draft may be given though not required (draft_is_model False): without it the builder finds
     # its own, e.g. MTP reads the module from the target's checkpoint (ctx.target.checkpoint_dir).
     draft_optional: bool = False
     needs_target: bool = False  # reads the target's weights or hidden states
     aliases: tuple[str, ...] = ()  # other tools' names (vLLM's "ngram", ...)
     check: Callable[[dict], None] | None = None  # cross-option validation; raise SpecliteError
+    check_k: Callable[[dict, int], None] | None = None  # validation against a fixed --gen-num-per-cycle
     fixed_k: int | None = None  # proposes exactly this many drafts whatever --gen-num-per-cycle says
     in_default_sweep: bool = True  # `speclite bench` without --sp-type runs it (when its draft is known)
     # One draft forward proposes all k (parallel drafting): `--gen-num-per-cycle auto` charges the
@@ -95,6 +97,10 @@ class Method:
     @property
     def takes_draft(self) -> bool:
         return self.needs_draft or self.draft_optional
+
+    def loads_draft_model(self, options: dict, draft_dir: Path | None) -> bool:
+        """Whether --draft is a decoder for speclite to load (see draft_is_model)."""
+        return self.draft_is_model(options, draft_dir) if callable(self.draft_is_model) else self.draft_is_model
 
 
 METHODS: dict[str, Method] = {}
@@ -169,8 +175,9 @@ def option_by_name(name: str) -> Option | None:
     return next((o for o in all_options() if o.name == name), None)
 
 
-def method_options(method: str, given: dict) -> dict:
-    """The method's options from `given` (names it does not know are an error), defaults filled."""
+def method_options(method: str, given: dict, k: int | str | None = None) -> dict:
+    """The method's options from `given` (names it does not know are an error), defaults filled;
+    checked against a fixed k (--gen-num-per-cycle) when one is given."""
     m = get_method(method)
     known = {o.name: o for o in m.options}
     unknown = set(given) - set(known)
@@ -179,6 +186,8 @@ def method_options(method: str, given: dict) -> dict:
     options = {name: opt.convert(given[name]) if name in given else opt.default for name, opt in known.items()}
     if m.check is not None:
         m.check(options)
+    if m.check_k is not None and isinstance(k, int):
+        m.check_k(options, k)
     return options
 
 

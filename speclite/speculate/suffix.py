@@ -60,9 +60,18 @@ class SuffixProposer(Proposer):
             self.found = advance(self.responses.tree, self.found, t)
 
     def propose(self, k: int) -> Proposal:
-        active = self.growing.active  # longest suffix first
-        tokens, score = self._best([(node, node.length) for node in active], k)
-        earlier, earlier_score = self._best(self.found[::-1], k)
+        return self.propose_after([], k)
+
+    def propose_after(self, drafts: list[int], k: int) -> Proposal:
+        """Up to k drafts continuing the sequence plus `drafts` (another proposer's, unverified):
+        the matches walk on through the drafts without adding them to either tree."""
+        mine = [(node, node.length) for node in reversed(self.growing.active)]  # shortest suffix first
+        found = self.found
+        for t in drafts:
+            mine = advance(self.request, mine, t)
+            found = advance(self.responses.tree, found, t)
+        tokens, score = self._best(mine[::-1], k)
+        earlier, earlier_score = self._best(found[::-1], k)
         return Proposal(earlier if earlier_score > score else tokens)
 
     def _best(self, positions, k: int) -> tuple[list[int], float]:

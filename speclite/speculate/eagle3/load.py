@@ -46,19 +46,25 @@ class HeadConfig:
     norm_before_fc: bool
 
 
+def is_head(cfg: dict) -> bool:
+    """Whether a config.json is an EAGLE-3 head's (either layout)."""
+    archs = cfg.get("architectures") or []
+    return SPECULATORS in archs or "transformer_layer_config" in cfg or SPECFORGE in archs
+
+
 def parse_config(cfg: dict, where: str) -> HeadConfig:
     archs = cfg.get("architectures") or []
+    if not is_head(cfg):
+        name = archs[0] if archs else cfg.get("model_type", "unknown")
+        raise SpecliteError(f"{where} is not an EAGLE-3 head (architecture '{name}'): expected {SPECFORGE} or {SPECULATORS}")
     if SPECULATORS in archs or "transformer_layer_config" in cfg:
         layout, layer = "speculators", dict(cfg.get("transformer_layer_config") or {})
         ids = cfg.get("eagle_aux_hidden_state_layer_ids")
-    elif SPECFORGE in archs:
+    else:
         layout, layer = "specforge", dict(cfg)
         ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if ids and ids[0] == 1:
             ids = [i + 1 for i in ids]
-    else:
-        name = archs[0] if archs else cfg.get("model_type", "unknown")
-        raise SpecliteError(f"{where} is not an EAGLE-3 head (architecture '{name}'): expected {SPECFORGE} or {SPECULATORS}")
     family = layer.get("model_type", "llama")
     if family not in LAYER_FAMILIES:
         raise SpecliteError(f"{where}: EAGLE-3 layer type '{family}' is not supported ({', '.join(LAYER_FAMILIES)} are)")

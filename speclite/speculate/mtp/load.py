@@ -67,6 +67,11 @@ def load_module(module_dir: str | Path, target, in_target: bool) -> MTPModule:
     return module.eval()
 
 
+def holds_module(model_dir: str | Path) -> bool:
+    """Whether a checkpoint holds an MTP module of either layout (reads its projection only)."""
+    return bool(read_tensors(Path(model_dir), lambda name: bool(DEEPSEEK.match(name) or MIMO.match(name))))
+
+
 def _find(tensors: dict, where: str) -> tuple[str, str]:
     """(layout, name prefix) of the first module: the lowest index of either layout."""
     found = []
