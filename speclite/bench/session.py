@@ -120,7 +120,8 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
                                 f"models.toml recommends none for '{model}'")
         configs = build_sweep(methods, ks, quants, o.accept_policy)
         models = BenchModels.load(model, draft, quants, device=device, dtype=dtype, draft_quant=o.draft_quant,
-                                  models_file=o.models_file, max_model_len=o.max_model_len, static=o.static)
+                                  models_file=o.models_file, max_model_len=o.max_model_len, static=o.static,
+                                  draft_is_model=any(get_method(m).draft_is_model for m in drafted))
         runner = Runner(models, configs, prompts, o.max_new_tokens, ignore_eos=o.ignore_eos or bool(o.synthetic),
                         method_options=o.method_options)
         if on_start:
