@@ -67,15 +67,16 @@ class BenchModels:
 
     @classmethod
     def load(cls, model: str, draft: str | None, quants: list[str | None], *, device, dtype, draft_quant=None,
-             models_file=None, max_model_len=None, static=False, draft_is_model=True) -> "BenchModels":
-        """`draft_is_model`: load the draft as a model; else (heads, DFlash drafters) only resolve its directory."""
+             models_file=None, max_model_len=None, static=False, draft_is_model=lambda draft_dir: True) -> "BenchModels":
+        """`draft_is_model(draft_dir)`: load the draft as a model; else (heads, DFlash drafters) only
+        resolve its directory."""
         llms = {q: LLM(model, None, device=device, dtype=dtype, quant=q, models_file=models_file,
                        max_model_len=max_model_len, static=static) for q in quants}
         first = next(iter(llms.values()))
         draft_model = draft_dir = None
         if draft is not None:
             draft_dir = hub.resolve(draft, models_file)
-            if draft_is_model:
+            if draft_is_model(draft_dir):
                 draft_model = load_draft(draft, first.tokenizer, str(model), first.device, first.dtype, draft_quant,
                                          models_file)
         return cls(llms, draft_model, draft, static, draft_dir)

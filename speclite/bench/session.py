@@ -113,7 +113,8 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
             methods = [m.name for m in METHODS.values() if m.in_default_sweep and (draft or not m.needs_draft)]
         drafted = [m for m in methods if get_method(m).needs_draft]
         # A method that takes a draft it may load as a model (hybrid's vanilla part) keeps a given --draft.
-        if not drafted and not any(draft and get_method(m).takes_draft and get_method(m).draft_is_model for m in methods):
+        if not drafted and not any(draft and get_method(m).takes_draft and get_method(m).draft_is_model is not False
+                                   for m in methods):
             draft = None  # nothing would use it: do not load it
         elif draft is None:
             raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft); "
@@ -121,7 +122,8 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         configs = build_sweep(methods, ks, quants, o.accept_policy)
         models = BenchModels.load(model, draft, quants, device=device, dtype=dtype, draft_quant=o.draft_quant,
                                   models_file=o.models_file, max_model_len=o.max_model_len, static=o.static,
-                                  draft_is_model=any(get_method(m).draft_is_model for m in drafted))
+                                  draft_is_model=lambda d: any(get_method(m).loads_draft_model(o.method_options or {}, d)
+                                                               for m in methods if get_method(m).takes_draft))
         runner = Runner(models, configs, prompts, o.max_new_tokens, ignore_eos=o.ignore_eos or bool(o.synthetic),
                         method_options=o.method_options)
         if on_start:
