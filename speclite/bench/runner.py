@@ -66,15 +66,17 @@ class BenchModels:
 
     @classmethod
     def load(cls, model: str, draft: str | None, quants: list[str | None], *, device, dtype, draft_quant=None,
-             models_file=None, max_model_len=None, static=False) -> "BenchModels":
+             models_file=None, max_model_len=None, static=False, draft_is_model=True) -> "BenchModels":
+        """`draft_is_model` False: the draft is a head's directory (EAGLE-3, MTP, Medusa), read by its method."""
         llms = {q: LLM(model, None, device=device, dtype=dtype, quant=q, models_file=models_file,
                        max_model_len=max_model_len, static=static) for q in quants}
         first = next(iter(llms.values()))
         draft_model = draft_dir = None
         if draft is not None:
             draft_dir = hub.resolve(draft, models_file)
-            draft_model = load_draft(draft, first.tokenizer, str(model), first.device, first.dtype, draft_quant,
-                                     models_file)
+            if draft_is_model:
+                draft_model = load_draft(draft, first.tokenizer, str(model), first.device, first.dtype, draft_quant,
+                                         models_file)
         return cls(llms, draft_model, draft, static, draft_dir)
 
 
@@ -82,7 +84,7 @@ class Runner:
     def __init__(self, models: BenchModels, configs: list[BenchConfig], prompts: list[BenchPrompt],
                  max_new_tokens: int, *, ignore_eos: bool = False, method_options: dict | None = None):
         drafted = [c.method for c in configs if c.method != "plain" and get_method(c.method).needs_draft]
-        if drafted and models.draft is None:
+        if drafted and models.draft_dir is None:
             raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft)")
         self.models, self.configs, self.prompts = models, configs, prompts
         self.params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)

@@ -111,7 +111,7 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
             model, draft = str(target_dir), (str(draft_dir) if draft_dir else None)
         if not o.sp_types:
             methods = [m.name for m in METHODS.values() if m.in_default_sweep and (draft or not m.needs_draft)]
-        drafted = [m for m in methods if get_method(m).needs_draft]
+        drafted = [m for m in methods if get_method(m).needs_draft or (get_method(m).draft_optional and o.draft)]
         if not drafted:
             draft = None  # nothing would use it: do not load it
         elif draft is None:
@@ -119,7 +119,8 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
                                 f"models.toml recommends none for '{model}'")
         configs = build_sweep(methods, ks, quants, o.accept_policy)
         models = BenchModels.load(model, draft, quants, device=device, dtype=dtype, draft_quant=o.draft_quant,
-                                  models_file=o.models_file, max_model_len=o.max_model_len, static=o.static)
+                                  models_file=o.models_file, max_model_len=o.max_model_len, static=o.static,
+                                  draft_is_model=any(get_method(m).draft_is_model for m in drafted))
         runner = Runner(models, configs, prompts, o.max_new_tokens, ignore_eos=o.ignore_eos or bool(o.synthetic),
                         method_options=o.method_options)
         if on_start:
