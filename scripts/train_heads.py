@@ -24,7 +24,6 @@ a draft is accepted when it matches the target, not the data. The data are train
 
 import argparse
 import json
-import math
 import random
 import shutil
 import sys
@@ -50,6 +49,7 @@ from speclite.speculate.mtp.module import MTPModule  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parents[1] / "speclite" / "assets"
 EAGLE_LAYERS = (2, 4, 5)  # inputs of these target layers: low, middle, high (the last one's output is not handed out)
+DATA_SEED = 0  # train_tiny.py's default --seed: its document order
 STEP_DECAY = 0.8  # EAGLE-3's weight of step j's loss: 0.8 ** j
 
 
@@ -146,7 +146,7 @@ def unrolled_loss(method, head, target, window, step, vocab_ids, steps_ahead):
     return total, agree
 
 
-def medusa_loss(heads, step, window, _vocab_ids, _steps_ahead):
+def medusa_loss(heads, step, window):
     b, s = window.shape
     t_logits = step.logits.view(b, s, -1)
     logits = heads(step.final).view(len(heads), b, s, -1)
@@ -248,7 +248,7 @@ def save_eagle3(head, config, vocab_ids, out):
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def save_mtp(module, config, _vocab_ids, out):
+def save_mtp(module, config, out):
     tensors = {}
     for name, value in module.state_dict().items():
         # DeepSeek-V3 names, the module at index 0: its final norm is shared_head.norm.
@@ -257,7 +257,7 @@ def save_mtp(module, config, _vocab_ids, out):
     (out / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}, indent=2) + "\n")
 
 
-def save_medusa(heads, config, _vocab_ids, out):
+def save_medusa(heads, config, out):
     tensors = {}
     for i, head in enumerate(heads.heads):  # FasterDecoding/Medusa's names
         tensors[f"{i}.0.linear.weight"] = head.layers[0].weight
@@ -322,8 +322,10 @@ def main():
         train_stream, heldout_stream = torch.load(cache)
     else:
         train_docs, heldout_docs = load_corpus(args.heldout_percent)
-        train_stream = token_stream(tokenizer, train_docs, args.seed)
-        heldout_stream = token_stream(tokenizer, heldout_docs, args.seed)
+        # The documents in train_tiny.py's default order whatever --seed (which draws the batches),
+        # so a run continued with another seed reads the same cached stream.
+        train_stream = token_stream(tokenizer, train_docs, DATA_SEED)
+        heldout_stream = token_stream(tokenizer, heldout_docs, DATA_SEED)
         if cache is not None:
             torch.save((train_stream, heldout_stream), cache)
     print(f"{len(train_stream)} train tokens, {len(heldout_stream)} held-out; {time.time() - began:.0f}s", flush=True)
@@ -363,7 +365,7 @@ def main():
         if args.method in ("eagle3", "mtp"):
             return unrolled_loss(args.method, model, target, window, step, vocab_ids, args.steps_ahead)
         if args.method == "medusa":
-            return medusa_loss(model, step, window, vocab_ids, args.steps_ahead)
+            return medusa_loss(model, step, window)
         return pard_loss(model, step, window, mask_token, args.steps_ahead - 1, rng)
 
     params = [p for p in model.parameters()]
@@ -409,8 +411,10 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     if args.method == "pard":
         save_pard(model, config, Path(args.draft), out)
+    elif args.method == "eagle3":
+        save_eagle3(model, config, vocab_ids, out)
     else:
-        {"eagle3": save_eagle3, "mtp": save_mtp, "medusa": save_medusa}[args.method](model, config, vocab_ids, out)
+        {"mtp": save_mtp, "medusa": save_medusa}[args.method](model, config, out)
     for f in out.iterdir():
         f.chmod(0o644)  # safetensors writes its files private; these ship in the package
     summary = {"method": args.method, "steps": done, "train_seconds": round(train_s),
