@@ -32,7 +32,8 @@ def test_bundled_models_resolve_like_any_directory():
     assert hub.resolve(str(target)) == target  # the alias is just a directory
     assert hub.recommended_draft("tiny-code") == "tiny-code-draft"
     assert hub.recommended_draft(str(target)) == "tiny-code-draft"
-    assert draft.stat().st_size and sum(f.stat().st_size for f in target.parent.rglob("*")) < 20e6
+    # The pair and its trained drafters ship in the wheel: keep them small.
+    assert draft.stat().st_size and sum(f.stat().st_size for f in target.parent.rglob("*")) < 25e6
 
 
 def run(llm, prompts):

@@ -112,9 +112,8 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         if not o.sp_types:
             methods = [m.name for m in METHODS.values() if m.in_default_sweep and (draft or not m.needs_draft)]
         drafted = [m for m in methods if get_method(m).needs_draft]
-        # A method that takes a draft it may load as a model (hybrid's vanilla part) keeps a given --draft.
-        if not drafted and not any(draft and get_method(m).takes_draft and get_method(m).draft_is_model is not False
-                                   for m in methods):
+        # A method that may take a draft (a head for mtp, a model for hybrid's vanilla part) keeps a given one.
+        if not drafted and not (draft and any(get_method(m).takes_draft for m in methods)):
             draft = None  # nothing would use it: do not load it
         elif draft is None:
             raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft); "
