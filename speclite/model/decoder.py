@@ -190,7 +190,9 @@ def project(x: torch.Tensor, *linears: nn.Module) -> torch.Tensor:
     """The linears' outputs on x (q, k and v; gate and up) side by side in one tensor: one call where
     their class can join them (joint_matmul: the CPU int4 kernel quantizes x once for all)."""
     joint = getattr(type(linears[0]), "joint_matmul", None)
-    y = joint(x, linears) if joint is not None else None
+    # A module with hooks (calibration records each linear's input) is called on its own.
+    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in linears)
+    y = joint(x, linears) if joint is not None and not hooked else None
     return y if y is not None else torch.cat([m(x) for m in linears], dim=-1)
 
 
