@@ -37,6 +37,10 @@ namespace {
 
 enum Dtype { F32 = 0, BF16 = 1, F16 = 2 };
 constexpr int ROW_CHUNK = 32;
+// Bytes ahead of the weight streams that the kernels prefetch: the hardware prefetcher alone left a
+// decode step at about a third of the copy bandwidth (benchmarks/RESULTS.md, issue 13). Measured
+// best: 2 KB ahead of int4's one stream per thread, 4 KB ahead of each row of the row-major formats.
+constexpr int PREFETCH = 2048, PREFETCH_ROWS = 4096;
 
 inline float to_float(const void *x, int dt, int64_t i) {
     if (dt == F32) return ((const float *)x)[i];
@@ -190,6 +194,10 @@ struct Int4 {
             for (int i = 0; i < MR; i++) part[i] = _mm256_setzero_ps();
             const int b1 = std::min(nb, (g + 1) * bpg);
             for (int b = g * bpg; b < b1; b++) {
+                // The weights stream from memory once: ask for them well ahead (the next column
+                // group's follow this one's).
+                _mm_prefetch((const char *)(w + (int64_t)b * 128 + PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w + (int64_t)b * 128 + PREFETCH + 64), _MM_HINT_T0);
                 __m256i u[8];  // U(A, 0..3), U(B, 0..3)
                 for (int t = 0; t < 4; t++) {
                     const __m256i p = _mm256_loadu_si256((const __m256i *)(w + (int64_t)b * 128 + 32 * t));
@@ -252,6 +260,7 @@ struct Int8 {
         for (int k = 0; k < Kp; k += 32) {
             __m256i wv[NR], wa[NR];
             for (int j = 0; j < NR; j++) {
+                if (k % 64 == 0) _mm_prefetch((const char *)(w + (int64_t)(n0 + j) * Kp + k + PREFETCH_ROWS), _MM_HINT_T0);
                 wv[j] = _mm256_loadu_si256((const __m256i *)(w + (int64_t)(n0 + j) * Kp + k));
                 wa[j] = _mm256_abs_epi8(wv[j]);
             }
@@ -293,7 +302,11 @@ struct Dense {
         const int K8 = K & ~7;
         for (int k = 0; k < K8; k += 8) {
             __m256 wv[NR];
-            for (int j = 0; j < NR; j++) wv[j] = load_w((int64_t)(n0 + j) * K + k);
+            for (int j = 0; j < NR; j++) {
+                const int64_t at = (int64_t)(n0 + j) * K + k;
+                if (k % 32 == 0) _mm_prefetch((const char *)w + at * (wdt == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
+                wv[j] = load_w(at);
+            }
             for (int i = 0; i < MR; i++) {
                 const __m256 xv = _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k);
                 for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
