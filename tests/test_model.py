@@ -131,3 +131,19 @@ def test_static_forward_equals_dynamic(model_dirs):
         again = static(ids[22:26], static_cache)
         assert torch.allclose(again, model(ids[22:26], dynamic_cache), atol=1e-4)
     assert (got - expected).abs().max() <= 1e-4
+
+
+def test_gradients_flow_through_the_decoder_on_the_cpu(model_dirs):
+    """The trainers in scripts/ train heads from the decoder's modules: where a gradient is needed the
+    CPU kernels (no backward) give way to torch's ops, with the same forward to rounding."""
+    model = load_model(model_dirs["qwen2"], device="cpu")
+    ids = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(ids, model.new_cache(16))
+    layer = model.model.layers[1]
+    for p in layer.parameters():
+        p.requires_grad_(True)
+    logits = model(ids, model.new_cache(16))
+    logits.logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters() if p.dim() > 1)
+    assert (logits.detach() - expected).abs().max() <= 1e-4

@@ -145,7 +145,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the reference implementation, scale in the model dtype.
-        if self.weight.dtype == x.dtype and cpu_layer_ops.takes(x):
+        if self.weight.dtype == x.dtype and cpu_layer_ops.takes(x) and not autograd(x, self.weight):
             return cpu_layer_ops.rms_norm(x, self.weight, self.eps)
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
@@ -165,7 +165,8 @@ class Linear(nn.Linear):
         None elsewhere, and where the AVX-512 BF16 kernel (kernels.linear) is the faster path."""
         w = linears[0].weight
         if (x.dim() != 2 or not cpu_gemm.takes(x) or w.dtype not in cpu_gemm.DTYPES or kernels.dense.avx512_bf16(x, w)
-                or not all(type(m) is Linear and m.weight.dtype == w.dtype and m.weight.is_contiguous() for m in linears)):
+                or not all(type(m) is Linear and m.weight.dtype == w.dtype and m.weight.is_contiguous() for m in linears)
+                or autograd(x, *(t for m in linears for t in (m.weight, m.bias)))):
             return None
         mats, bias = cpu_gemm.cached(linears[0], [t for m in linears for t in (m.weight, m.bias)], lambda: (
             cpu_gemm.DenseMatrices([m.weight for m in linears]), cpu_gemm.joined_bias(linears)))
@@ -184,6 +185,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def autograd(*tensors: torch.Tensor | None) -> bool:
+    """Whether a gradient must flow through these (training a head, scripts/): the C++ CPU kernels
+    have no backward, so such calls keep torch's ops."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def project(x: torch.Tensor, *linears: nn.Module) -> torch.Tensor:
@@ -214,7 +221,7 @@ class Attention(nn.Module):
         t, h, kv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = project(x, self.q_proj, self.k_proj, self.v_proj)
         cache_k, cache_v = layer_cache
-        if not self.qk_norm and cache_k.dtype == qkv.dtype and cpu_layer_ops.takes(qkv):
+        if not self.qk_norm and cache_k.dtype == qkv.dtype and cpu_layer_ops.takes(qkv) and not autograd(qkv):
             # RoPE, the cache write and attention in one call. The static path's positions are a
             # tensor (no CUDA graphs on a CPU): read them, and attend the whole cache under its mask.
             dynamic = isinstance(start, int)
@@ -258,7 +265,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate_up = project(x, self.gate_proj, self.up_proj)
-        if cpu_layer_ops.takes(gate_up):
+        if cpu_layer_ops.takes(gate_up) and not autograd(gate_up):
             return self.down_proj(cpu_layer_ops.swiglu(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
