@@ -51,8 +51,11 @@ def library(source: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
     if compiler is None:
         return None
     path = SOURCES / source
-    # -march=native ties a binary to this CPU: the CPU's flags are part of the cache key.
-    key = hashlib.sha256(path.read_bytes() + " ".join(flags).encode() + compiler.encode() + _cpu_flags()).hexdigest()[:16]
+    # -march=native ties a binary to this CPU: the CPU's flags are part of the cache key, and so are
+    # the headers the sources share.
+    headers = b"".join(h.read_bytes() for h in sorted(SOURCES.glob("*.h")))
+    key = hashlib.sha256(path.read_bytes() + headers + " ".join(flags).encode() + compiler.encode()
+                         + _cpu_flags()).hexdigest()[:16]
     cache = Path(os.environ.get("SPECLITE_CACHE_DIR", Path.home() / ".cache" / "speclite")) / "cpu-kernels"
     target = cache / f"{path.stem}-{key}.so"
     if not target.exists() and not _build(compiler, path, flags, target):

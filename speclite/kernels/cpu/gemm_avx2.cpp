@@ -19,73 +19,22 @@
 // Threads (OpenMP, torch's runtime once torch is loaded) split the output columns statically; one
 // fork/join per call. Rows are walked in chunks so a chunk's activations stay in cache while the
 // weights stream.
-#include <immintrin.h>
-#include <stdint.h>
 #include <omp.h>
-#include <string.h>
 
 #include <cmath>
 
 #include <algorithm>
 #include <vector>
 
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "speclite's AVX2 kernels need AVX2, FMA and F16C"
-#endif
+#include "avx2_values.h"
 
 namespace {
 
-enum Dtype { F32 = 0, BF16 = 1, F16 = 2 };
 constexpr int ROW_CHUNK = 32;
 // Bytes ahead of the weight streams that the kernels prefetch: the hardware prefetcher alone left a
 // decode step at about a third of the copy bandwidth (benchmarks/RESULTS.md, issue 13). Measured
 // best: 2 KB ahead of int4's one stream per thread, 4 KB ahead of each row of the row-major formats.
 constexpr int PREFETCH = 2048, PREFETCH_ROWS = 4096;
-
-inline float to_float(const void *x, int dt, int64_t i) {
-    if (dt == F32) return ((const float *)x)[i];
-    uint16_t h = ((const uint16_t *)x)[i];
-    if (dt == F16) return _cvtsh_ss(h);
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-inline void store(void *y, int dt, int64_t i, float v) {
-    if (dt == F32) {
-        ((float *)y)[i] = v;
-    } else if (dt == F16) {
-        ((uint16_t *)y)[i] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
-    } else {
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        u += 0x7FFF + ((u >> 16) & 1);  // round to nearest even, as torch's float -> bf16
-        ((uint16_t *)y)[i] = (uint16_t)(u >> 16);
-    }
-}
-
-// A fixed reduction order, the same for every tile.
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-inline int32_t hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
-inline __m256 load8(const void *x, int dt, int64_t i) {
-    if (dt == F32) return _mm256_loadu_ps((const float *)x + i);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
-    if (dt == F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 
 // Row m of x quantized to int8 in blocks of `block` values (K padded with zeros to Kp):
 // d = max|x| / 127, q = round(x * (127 / max|x|)) half to even. Returns the blocks' scales in d and
@@ -287,13 +236,6 @@ struct Dense {
     void *y;         // [M, ldy], this matrix's N columns from column y0
     int dt, wdt, N, K, ldy, y0;
 
-    inline __m256 load_w(int64_t i) const {
-        if (wdt == F32) return _mm256_loadu_ps((const float *)w + i);
-        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
-        if (wdt == F16) return _mm256_cvtph_ps(h);
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-
     template <int MR, int NR>
     void tile(int m0, int n0) const {
         __m256 acc[MR][NR];
@@ -305,7 +247,7 @@ struct Dense {
             for (int j = 0; j < NR; j++) {
                 const int64_t at = (int64_t)(n0 + j) * K + k;
                 if (k % 32 == 0) _mm_prefetch((const char *)w + at * (wdt == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
-                wv[j] = load_w(at);
+                wv[j] = load8(w, wdt, at);
             }
             for (int i = 0; i < MR; i++) {
                 const __m256 xv = _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k);

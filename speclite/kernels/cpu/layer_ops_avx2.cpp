@@ -5,70 +5,16 @@
 // Tensors are fp32, bf16 or f16 (one dtype per call); arithmetic is fp32, results rounded once to
 // the dtype (round to nearest even). Every row is computed by the same sequence of operations
 // whatever the other rows are, so verifying k+1 tokens gives the logits of k+1 single steps.
-#include <immintrin.h>
-#include <stdint.h>
 #include <omp.h>
-#include <string.h>
 
 #include <cmath>
 
 #include <algorithm>
 #include <vector>
 
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "speclite's AVX2 kernels need AVX2, FMA and F16C"
-#endif
+#include "avx2_values.h"
 
 namespace {
-
-enum Dtype { F32 = 0, BF16 = 1, F16 = 2 };
-
-inline __m256 load8(const void *p, int dt, int64_t i) {
-    if (dt == F32) return _mm256_loadu_ps((const float *)p + i);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-    if (dt == F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline float load1(const void *p, int dt, int64_t i) {
-    if (dt == F32) return ((const float *)p)[i];
-    const uint16_t h = ((const uint16_t *)p)[i];
-    if (dt == F16) return _cvtsh_ss(h);
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-inline float round_to(int dt, float v) {
-    if (dt == F32) return v;
-    if (dt == F16) return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;  // as torch's float -> bf16
-    memcpy(&v, &u, 4);
-    return v;
-}
-
-inline void store1(void *p, int dt, int64_t i, float v) {
-    if (dt == F32) {
-        ((float *)p)[i] = v;
-    } else if (dt == F16) {
-        ((uint16_t *)p)[i] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
-    } else {
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        ((uint16_t *)p)[i] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-    }
-}
-
-// A fixed reduction order.
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // q . row for fp32 q and a row of `dt` values at p + off, in a fixed order.
 inline float dot_row(const float *q, const void *p, int dt, int64_t off, int d) {
@@ -76,7 +22,7 @@ inline float dot_row(const float *q, const void *p, int dt, int64_t off, int d) 
     int e = 0;
     for (; e + 8 <= d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(p, dt, off + e), acc);
     float s = hsum(acc);
-    for (; e < d; e++) s += q[e] * load1(p, dt, off + e);
+    for (; e < d; e++) s += q[e] * to_float(p, dt, off + e);
     return s;
 }
 
@@ -85,7 +31,7 @@ inline void add_row(float w, const void *p, int dt, int64_t off, float *acc, int
     const __m256 wv = _mm256_set1_ps(w);
     int e = 0;
     for (; e + 8 <= d; e += 8) _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(wv, load8(p, dt, off + e), _mm256_loadu_ps(acc + e)));
-    for (; e < d; e++) acc[e] += w * load1(p, dt, off + e);
+    for (; e < d; e++) acc[e] += w * to_float(p, dt, off + e);
 }
 
 }  // namespace
@@ -104,9 +50,9 @@ void speclite_rms_norm(const void *x, const void *weight, void *y, int dt, int M
             acc = _mm256_fmadd_ps(v, v, acc);
         }
         float ss = hsum(acc);
-        for (; i < H; i++) ss += load1(x, dt, row + i) * load1(x, dt, row + i);
+        for (; i < H; i++) ss += to_float(x, dt, row + i) * to_float(x, dt, row + i);
         const float r = 1.f / std::sqrt(ss / (float)H + eps);
-        for (i = 0; i < H; i++) store1(y, dt, row + i, load1(weight, dt, i) * round_to(dt, load1(x, dt, row + i) * r));
+        for (i = 0; i < H; i++) store(y, dt, row + i, to_float(weight, dt, i) * round_to(dt, to_float(x, dt, row + i) * r));
     }
 }
 
@@ -115,8 +61,8 @@ void speclite_rms_norm(const void *x, const void *weight, void *y, int dt, int M
 void speclite_swiglu(const void *gate_up, void *y, int dt, int M, int I) {
     for (int m = 0; m < M; m++)
         for (int i = 0; i < I; i++) {
-            const float g = load1(gate_up, dt, (int64_t)m * 2 * I + i), u = load1(gate_up, dt, (int64_t)m * 2 * I + I + i);
-            store1(y, dt, (int64_t)m * I + i, round_to(dt, g / (1.f + std::exp(-g))) * u);
+            const float g = to_float(gate_up, dt, (int64_t)m * 2 * I + i), u = to_float(gate_up, dt, (int64_t)m * 2 * I + I + i);
+            store(y, dt, (int64_t)m * I + i, round_to(dt, g / (1.f + std::exp(-g))) * u);
         }
 }
 
@@ -134,9 +80,9 @@ void speclite_attention(const void *qkv, const void *cos, const void *sin, void 
     // RoPE of one head's vector (row i, column offset c) into fp32 dst: x cos + rotate_half(x) sin.
     auto rope = [&](int i, int c, float *dst) {
         for (int e = 0; e < d; e++) {
-            const float x = load1(qkv, dt, (int64_t)i * width + c + e);
-            const float other = load1(qkv, dt, (int64_t)i * width + c + (e < half ? e + half : e - half));
-            dst[e] = x * load1(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * load1(sin, dt, (int64_t)i * d + e);
+            const float x = to_float(qkv, dt, (int64_t)i * width + c + e);
+            const float other = to_float(qkv, dt, (int64_t)i * width + c + (e < half ? e + half : e - half));
+            dst[e] = x * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
         }
     };
     std::vector<float> tmp(d);
@@ -144,8 +90,8 @@ void speclite_attention(const void *qkv, const void *cos, const void *sin, void 
         for (int h = 0; h < Hkv; h++) {
             const int64_t slot = ((int64_t)h * max_len + start + i) * d;
             rope(i, (H + h) * d, tmp.data());
-            for (int e = 0; e < d; e++) store1(cache_k, dt, slot + e, tmp[e]);
-            for (int e = 0; e < d; e++) store1(cache_v, dt, slot + e, load1(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
+            for (int e = 0; e < d; e++) store(cache_k, dt, slot + e, tmp[e]);
+            for (int e = 0; e < d; e++) store(cache_v, dt, slot + e, to_float(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
         }
     const int64_t work = (int64_t)t * H * L * d;
 #pragma omp parallel num_threads(work > (1 << 18) ? threads : 1)
@@ -173,7 +119,7 @@ void speclite_attention(const void *qkv, const void *cos, const void *sin, void 
                 add_row(p, cache_v, dt, base + (int64_t)j * d, acc.data(), d);
             }
             const float inv = 1.f / total;
-            for (int e = 0; e < d; e++) store1(out, dt, (int64_t)i * H * d + h * d + e, acc[e] * inv);
+            for (int e = 0; e < d; e++) store(out, dt, (int64_t)i * H * d + h * d + e, acc[e] * inv);
         }
     }
 }
