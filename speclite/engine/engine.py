@@ -13,6 +13,7 @@ from speclite.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
 from speclite.errors import SpecliteError
 from speclite.model import Transformer
+from speclite.model.kv_cache import shared_prefix
 
 
 @dataclass
@@ -82,11 +83,7 @@ class Engine:
             )
         cache = self.cache
         # Reuse the longest cached prefix (earlier chat turns, a shared system prompt).
-        common = 0
-        for a, b in zip(self._cached_ids[: cache.length], prompt_ids):
-            if a != b:
-                break
-            common += 1
+        common = shared_prefix(self._cached_ids[: cache.length], prompt_ids)
         cache.rollback(min(common, cache.length))
         request = Request(prompt_ids, params, self.eos_ids, extra or {})
         run = decode(self.target, cache, request, self.spec)

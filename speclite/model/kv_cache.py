@@ -39,3 +39,14 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+def shared_prefix(cached: list[int], tokens: list[int]) -> int:
+    """How many leading tokens two sequences share: the cache entries built for `cached` that stand
+    for `tokens` (a new request reusing an earlier one's prefix)."""
+    n = 0
+    for a, b in zip(cached, tokens):
+        if a != b:
+            break
+        n += 1
+    return n

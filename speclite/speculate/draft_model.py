@@ -6,6 +6,7 @@ import torch
 
 from speclite.sampling import sample, uniform, warp
 from speclite.model import Transformer
+from speclite.model.kv_cache import shared_prefix
 from speclite.speculate.base import Proposal, Proposer, RequestContext
 from speclite.speculate.registry import Method, register
 
@@ -52,11 +53,7 @@ class DraftModelProposer(Proposer):
 
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
-        common = 0
-        for a, b in zip(self.tokens[: self.cache.length], prompt_ids):
-            if a != b:
-                break
-            common += 1
+        common = shared_prefix(self.tokens[: self.cache.length], prompt_ids)
         self.cache.rollback(common)
         self.tokens = list(prompt_ids)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
 from speclite.speculate.base import Proposal, Proposer, RequestContext
 from speclite.speculate.dflash.draft import DFlashDraft
@@ -42,11 +43,7 @@ class DFlashProposer(Proposer):
 
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
-        common = 0
-        for a, b in zip(self.tokens, prompt_ids):
-            if a != b:
-                break
-            common += 1
+        common = shared_prefix(self.tokens, prompt_ids)
         # The states at p depend on tokens 0..p: entries and pending rows of p < common stand, and
         # the context stops before the last token (the block's first row).
         stand = min(common, len(prompt_ids) - 1)

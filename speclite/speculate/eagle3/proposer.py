@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
 from speclite.sampling import sample, uniform, warp
 from speclite.speculate.base import Proposal, Proposer, RequestContext
@@ -55,11 +56,7 @@ class Eagle3Proposer(Proposer):
 
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
-        common = 0
-        for a, b in zip(self.tokens, prompt_ids):
-            if a != b:
-                break
-            common += 1
+        common = shared_prefix(self.tokens, prompt_ids)
         # Entry p pairs position p with token p + 1: it stands while both are unchanged.
         self.committed = min(self.committed, max(common - 1, 0))
         self.cache.rollback(self.committed)
