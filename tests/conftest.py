@@ -137,3 +137,12 @@ def cli_generate(model_dir, out_dir, name: str, *flags, max_new_tokens: int = 12
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines())}
+
+
+def decode_all(target, prompt: list[int], params, spec=None, cache_len: int = 64):
+    """The loop on one prompt in a fresh cache: (every token it produced, its stats)."""
+    from speclite.engine.loop import Request, decode
+
+    with torch.inference_mode():
+        run = decode(target, target.new_cache(cache_len), Request(prompt, params), spec)
+        return [t for chunk in run for t in chunk], run.stats

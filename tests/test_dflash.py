@@ -12,11 +12,11 @@ import sys
 import pytest
 import torch
 
-from conftest import CLI_PROMPTS, cli_generate, save_model
+from conftest import CLI_PROMPTS, cli_generate, save_model, decode_all
 from dflash_drafts import reference_block, save_drafter
 from speclite import LLM, SamplingParams
 from speclite.api import SpecConfig
-from speclite.engine.loop import Request, Speculation, decode
+from speclite.engine.loop import Speculation
 from speclite.errors import SpecliteError
 from speclite.model import load_model
 from speclite.model.step import Wants
@@ -33,9 +33,7 @@ IDS = (0, 2, 3)  # the last target layer's output too (Wants' num_layers row)
 
 
 def generate(target, prompt, spec=None, params=GREEDY):
-    with torch.inference_mode():
-        run = decode(target, target.new_cache(64), Request(prompt, params), spec)
-        return [t for chunk in run for t in chunk], run.stats
+    return decode_all(target, prompt, params, spec)
 
 
 def proposer(target, draft_dir, quant=None, max_len=64):

@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from conftest import cli_generate, save_model
+from conftest import cli_generate, save_model, decode_all
 from eagle3_heads import save_head
-from speclite.engine.loop import Request, Speculation, decode
+from speclite.engine.loop import Speculation
 from speclite.model import load_model
 from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
@@ -24,9 +24,7 @@ TREES = [(2, 3, 5, 4), (3, 2, 7, 6), (2, 4, 9, 8), (2, 1, 3, 2)]
 
 
 def generate(target, prompt, spec=None, params=GREEDY):
-    with torch.inference_mode():
-        run = decode(target, target.new_cache(64), Request(prompt, params), spec)
-        return [t for chunk in run for t in chunk], run.stats
+    return decode_all(target, prompt, params, spec)
 
 
 @pytest.fixture(scope="module")

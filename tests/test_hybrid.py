@@ -10,11 +10,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from conftest import cli_generate, save_model, save_noisy_copy
+from conftest import cli_generate, save_model, save_noisy_copy, decode_all
 from eagle3_heads import save_head
 from mtp_modules import add_module, save_separate
 from speclite.chat.view import Setup, stats_line, stats_panel
-from speclite.engine.loop import Request, Speculation, decode
+from speclite.engine.loop import Speculation
 from speclite.model import load_model
 from speclite.quant import quantize_model
 from speclite.render import summary_table
@@ -33,9 +33,7 @@ SHAPES = [(1, 1), (3, 1), (4, 2), (4, 0), (6, 6)]
 
 
 def generate(target, prompt, spec=None, params=GREEDY):
-    with torch.inference_mode():
-        run = decode(target, target.new_cache(96), Request(prompt, params), spec)
-        return [t for chunk in run for t in chunk], run.stats
+    return decode_all(target, prompt, params, spec, cache_len=96)
 
 
 @pytest.fixture(scope="module")

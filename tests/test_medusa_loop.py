@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from conftest import cli_generate, save_model
+from conftest import cli_generate, save_model, decode_all
 from medusa_heads import save_heads
-from speclite.engine.loop import Request, Speculation, decode
+from speclite.engine.loop import Speculation
 from speclite.model import load_model
 from speclite.model.step import Wants
 from speclite.quant import quantize_model
@@ -30,9 +30,7 @@ TREE = "[[0], [1], [0, 0], [0, 1], [2], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 
 
 
 def generate(target, prompt, spec=None, params=GREEDY):
-    with torch.inference_mode():
-        run = decode(target, target.new_cache(64), Request(prompt, params), spec)
-        return [t for chunk in run for t in chunk], run.stats
+    return decode_all(target, prompt, params, spec)
 
 
 def save_target(path):

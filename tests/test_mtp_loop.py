@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from conftest import cli_generate, save_model
+from conftest import cli_generate, save_model, decode_all
 from mtp_modules import add_module, save_separate
-from speclite.engine.loop import Request, Speculation, decode
+from speclite.engine.loop import Speculation
 from speclite.model import load_model
 from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
@@ -26,9 +26,7 @@ PROMPTS = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 12))] for 
 
 
 def generate(target, prompt, spec=None, params=GREEDY):
-    with torch.inference_mode():
-        run = decode(target, target.new_cache(64), Request(prompt, params), spec)
-        return [t for chunk in run for t in chunk], run.stats
+    return decode_all(target, prompt, params, spec)
 
 
 def proposer(target, module_dir=None, quant=None, max_len=64):
