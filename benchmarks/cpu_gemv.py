@@ -45,7 +45,8 @@ def main():
     if cpu_gemv.available():
         contestants["speclite avx512 bf16"] = lambda: [cpu_gemv.gemm_bf16(xs[w.shape[1]], w) for w in weights]
     if cpu_gemm.available():
-        contestants["speclite avx2 bf16"] = lambda: [cpu_gemm.half_gemm(xs[w.shape[1]], w) for w in weights]
+        mats = [cpu_gemm.dense_matrices([w], avx512_first=False) for w in weights]
+        contestants["speclite avx2 bf16"] = lambda: [cpu_gemm.matmul(xs[w.shape[1]], m) for w, m in zip(weights, mats)]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     times = {name: [] for name in contestants}
     for run in contestants.values():

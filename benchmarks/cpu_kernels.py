@@ -28,18 +28,20 @@ def contestants(n: int, k: int, m: int) -> dict[str, dict[str, callable]]:
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
     groups = k // 128
     scales, zeros = (torch.rand(groups, n, generator=g) * 0.01).half(), torch.full((groups, n), 8, dtype=torch.uint8)
-    mats = cpu_gemm.Int4Matrices([cpu_gemm.pack_int4(q, scales, zeros, 128)], [n], k, 128)
+    mats = cpu_gemm.int4_matrices([cpu_gemm.pack_int4(q, scales, zeros, 128)], [n], k, 128)
     int4pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1)
     sz = torch.stack([scales.float(), torch.zeros(groups, n)], -1).to(torch.bfloat16)
     w8 = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
     w8p, ws = cpu_gemm.pack_int8(w8), torch.rand(n, generator=g) * 0.01
     wb = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+    m8 = cpu_gemm.int8_matrices([w8p], [ws], k)
+    mb = cpu_gemm.dense_matrices([wb], avx512_first=False)
     return {
-        "int4": {"speclite": lambda: cpu_gemm.int4_gemm(x, mats),
+        "int4": {"speclite": lambda: cpu_gemm.matmul(x, mats),
                  "torch": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4pack, 128, sz)},
-        "int8": {"speclite": lambda: cpu_gemm.int8_gemm(x, w8p, ws, k),
+        "int8": {"speclite": lambda: cpu_gemm.matmul(x, m8),
                  "torch": lambda: torch.ops.aten._weight_int8pack_mm(x, w8, ws.bfloat16())},
-        "bf16": {"speclite": lambda: cpu_gemm.half_gemm(x, wb), "torch": lambda: torch.nn.functional.linear(x, wb)},
+        "bf16": {"speclite": lambda: cpu_gemm.matmul(x, mb), "torch": lambda: torch.nn.functional.linear(x, wb)},
     }
 
 

@@ -13,6 +13,7 @@ import torch
 
 from speclite.kernels import cpu_gemm, linear
 from speclite.quant.int4 import Int4Weight
+from speclite.model.decoder import Linear, project
 from speclite.quant.linear import Int4Linear, Int8Linear
 
 
@@ -26,6 +27,11 @@ def _cpu_has_avx2() -> bool:
 
 needs_kernels = pytest.mark.skipif(not cpu_gemm.available(), reason="no AVX2 CPU or no C++ compiler here")
 SHAPES = [(1, 37, 96), (5, 64, 200), (9, 300, 896), (3, 5, 33), (2, 130, 4864)]
+
+
+def half_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The AVX2 dense kernel on one weight (also where an AVX-512 BF16 kernel would take bf16)."""
+    return cpu_gemm.matmul(x, cpu_gemm.dense_matrices([w], avx512_first=False))
 
 
 def quantize_reference(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +85,7 @@ def test_int4_equals_float64_math_of_the_same_quantization(m, n, k, group):
     torch.manual_seed(m * n + k + group)
     x = torch.randn(m, k)
     q, scales, zeros = random_int4(n, k, group, seed=k + group)
-    y = cpu_gemm.int4_gemm(x, cpu_gemm.Int4Matrices([cpu_gemm.pack_int4(q, scales, zeros, group)], [n], k, group))
+    y = cpu_gemm.matmul(x, cpu_gemm.int4_matrices([cpu_gemm.pack_int4(q, scales, zeros, group)], [n], k, group))
     assert y.dtype == torch.float32 and y.shape == (m, n)
     assert close(y, int4_reference(x, q, scales, zeros, group))
 
@@ -91,7 +97,7 @@ def test_int8_equals_float64_math_of_the_same_quantization(m, n, k):
     x = torch.randn(m, k)
     w = torch.randint(-128, 128, (n, k), dtype=torch.int8)
     scale = torch.rand(n) * 0.01 + 1e-3
-    y = cpu_gemm.int8_gemm(x, cpu_gemm.pack_int8(w), scale, k)
+    y = cpu_gemm.matmul(x, cpu_gemm.int8_matrices([cpu_gemm.pack_int8(w)], [scale], k))
     assert close(y, int8_reference(x, w, scale))
 
 
@@ -102,7 +108,7 @@ def test_dense_equals_float64_math(m, n, k, wdtype):
     torch.manual_seed(m + n + k)
     x = torch.randn(m, k)
     w = torch.randn(n, k).to(wdtype)
-    assert close(cpu_gemm.half_gemm(x, w), x.double() @ w.double().t())
+    assert close(half_gemm(x, w), x.double() @ w.double().t())
 
 
 def _calls(x, n, k):
@@ -113,8 +119,8 @@ def _calls(x, n, k):
     w8 = cpu_gemm.pack_int8(torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g))
     scale = torch.rand(n, generator=g) * 0.01
     wh = torch.randn(n, k, generator=g).to(torch.bfloat16)
-    return {"int4": cpu_gemm.int4_gemm(x, cpu_gemm.Int4Matrices([packed], [n], k, 64)), "int8": cpu_gemm.int8_gemm(x, w8, scale, k),
-            "bf16": cpu_gemm.half_gemm(x, wh)}
+    return {"int4": cpu_gemm.matmul(x, cpu_gemm.int4_matrices([packed], [n], k, 64)),
+            "int8": cpu_gemm.matmul(x, cpu_gemm.int8_matrices([w8], [scale], k)), "bf16": half_gemm(x, wh)}
 
 
 @needs_kernels
@@ -182,7 +188,7 @@ def test_dense_linear_takes_the_kernel_for_half_weights_and_torch_for_float32():
     torch.manual_seed(7)
     w, b = torch.randn(90, 100, dtype=torch.bfloat16), torch.randn(90, dtype=torch.bfloat16)
     x = torch.randn(5, 100, dtype=torch.bfloat16)
-    assert torch.equal(linear(x, w, b), cpu_gemm.half_gemm(x, w) + b)
+    assert torch.equal(linear(x, w, b), half_gemm(x, w) + b)
     wf, xf = w.float(), x.float()
     assert torch.equal(linear(xf, wf), torch.nn.functional.linear(xf, wf))
 
@@ -207,31 +213,51 @@ def test_joined_int4_projections_equal_each_linear_alone_bit_for_bit():
     # q, k and v (or gate and up) in one kernel call: the same numbers as three calls, biases included.
     torch.manual_seed(8)
     k, group = 224, 32
-    layers = []
+    layers, weights = [], []
     for i, (n, bias) in enumerate([(96, True), (40, False), (40, True)]):  # 40: a partial 8-column group
         q, scales, zeros = random_int4(n, k, group, seed=20 + i)
+        weights.append((q, scales, zeros))
         g_idx = (torch.arange(k) // group).to(torch.int32)
         layers.append(Int4Linear(Int4Weight(q, zeros, scales, g_idx, group), torch.randn(n) if bias else None,
                                  torch.bfloat16, "cpu"))
     for m in (1, 4, 7):
         x = torch.randn(m, k).to(torch.bfloat16)
-        joint = Int4Linear.joint_matmul(x, layers)
+        joint = project(x, *layers)
         assert joint.shape == (m, 176)
-        for y, layer in zip(joint.split([96, 40, 40], dim=-1), layers):
+        for y, layer, (q, scales, zeros) in zip(joint.split([96, 40, 40], dim=-1), layers, weights):
             assert torch.equal(y, layer(x))
+            bias = 0 if layer.bias is None else layer.bias.double()
+            assert close(y.double() - bias, int4_reference(x.float(), q, scales, zeros, group), 1e-2)
+
+
+@needs_kernels
+def test_joined_int8_projections_equal_each_linear_alone_bit_for_bit():
+    torch.manual_seed(10)
+    k = 200
+    layers, weights = [], []
+    for n, bias in [(64, True), (30, False), (35, True)]:
+        w, scale = torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n) * 0.01 + 1e-3
+        weights.append((w, scale))
+        layers.append(Int8Linear(w, scale, torch.randn(n) if bias else None, torch.bfloat16, "cpu"))
+    for m in (1, 6):
+        x = torch.randn(m, k).to(torch.bfloat16)
+        joint = project(x, *layers)
+        assert joint.shape == (m, 129)
+        for y, layer, (w, scale) in zip(joint.split([64, 30, 35], dim=-1), layers, weights):
+            assert torch.equal(y, layer(x))
+            bias = 0 if layer.bias is None else layer.bias.double()
+            assert close(y.double() - bias, int8_reference(x.float(), w, scale), 1e-2)
 
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_joined_dense_projections_equal_each_linear_alone_bit_for_bit(dtype):
-    from speclite.model.decoder import Linear
-
     torch.manual_seed(9)
     # Frozen, as the loader leaves weights (a weight that wants a gradient keeps torch's op).
     layers = [Linear(200, n, bias=bias).to(dtype).requires_grad_(False) for n, bias in [(64, True), (31, False), (33, True)]]
     for m in (1, 5):
         x = torch.randn(m, 200).to(dtype)
-        joint = Linear.joint_matmul(x, layers)
+        joint = project(x, *layers)
         assert joint.shape == (m, 128)
         for y, layer in zip(joint.split([64, 31, 33], dim=-1), layers):
             assert torch.equal(y, layer(x))

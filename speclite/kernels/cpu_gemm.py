@@ -16,10 +16,11 @@ import functools
 
 import torch
 
-from speclite.kernels import cpu_build
+from speclite.kernels import cpu_build, cpu_gemv
 
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+DENSE, INT4, INT8 = 0, 1, 2  # struct Matrices' kinds
 _P, _I = ctypes.c_void_p, ctypes.c_int
 _PP, _IP = ctypes.POINTER(_P), ctypes.POINTER(_I)
 
@@ -52,93 +53,103 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group:
     return packed, per_group(scales, torch.float16), per_group(zeros, torch.uint8)
 
 
-class Int4Matrices:
-    """One or more pack_int4 matrices of the same input width and group (a layer's q, k and v
-    projections), multiplied in one kernel call: the activations are quantized once and one thread
-    team splits all the columns. The pointer arrays are built once: the weights never move."""
-
-    def __init__(self, packs, ns: list[int], k: int, group: int):
-        self.packs, self.n, self.k, self.group = packs, sum(ns), k, group
-        parts = len(packs)
-        self.args = [ctypes.c_int(parts)] + [(_P * parts)(*(p[i].data_ptr() for p in packs)) for i in range(3)]
-        self.args.append((_I * parts)(*ns))
-
-
-def int4_gemm(x: torch.Tensor, mats: Int4Matrices) -> torch.Tensor:
-    """x [M, K] @ [W_0; W_1; ...]^T: activations quantized to int8 per 32 values; [M, sum of N]."""
-    x = x.contiguous()
-    m = x.shape[0]
-    y = torch.empty(m, mats.n, dtype=x.dtype)
-    _library().speclite_int4_gemm(x.data_ptr(), DTYPES[x.dtype], *mats.args, y.data_ptr(), m, mats.k, mats.group,
-                                  torch.get_num_threads())
-    return y
-
-
 def pack_int8(w: torch.Tensor) -> torch.Tensor:
     """int8 [N, K] padded with zero columns to K a multiple of 32."""
     k = w.shape[1]
     return torch.nn.functional.pad(w.to(torch.int8), (0, -k % 32)).contiguous()
 
 
-def int8_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, k: int) -> torch.Tensor:
-    """x [M, K] @ (w * scale)^T with x quantized to int8 per row (W8A8); w from pack_int8, scale fp32 [N]."""
+class Matrices(ctypes.Structure):
+    """One or more matrices of one format and one input width (a layer's q, k and v projections; its
+    gate and up), multiplied side by side in one kernel call: the activations are quantized or
+    widened once and one thread team splits all the columns. Mirrors struct Matrices in
+    gemm_avx2.h; built once per set of weights (they never move) by the functions below, with an
+    fp32 bias (joined_bias) or none."""
+
+    _fields_ = [("kind", _I), ("parts", _I), ("w", _PP), ("scales", _PP), ("zeros", _PP), ("ns", _IP),
+                ("n", _I), ("k", _I), ("wdt", _I), ("group", _I), ("bias", ctypes.POINTER(ctypes.c_float))]
+
+    def __init__(self, kind: int, tensors: list[tuple], ns: list[int], k: int, bias: torch.Tensor | None,
+                 wdt: int = 0, group: int = 0):
+        parts = len(ns)
+        arrays = [(_P * parts)(*(t[i].data_ptr() if i < len(t) else None for t in tensors)) for i in range(3)]
+        super().__init__(kind, parts, *arrays, (_I * parts)(*ns), sum(ns), k, wdt, group,
+                         None if bias is None else ctypes.cast(bias.data_ptr(), ctypes.POINTER(ctypes.c_float)))
+        self.keep = (tensors, arrays, bias)  # what the pointers point at lives as long as this
+
+
+def int4_matrices(packs: list[tuple], ns: list[int], k: int, group: int, bias: torch.Tensor | None = None) -> Matrices:
+    """pack_int4 results (qweight, scales, zeros) of one input width and group."""
+    return Matrices(INT4, packs, ns, k, bias, group=group)
+
+
+def int8_matrices(weights: list[torch.Tensor], scales: list[torch.Tensor], k: int,
+                  bias: torch.Tensor | None = None) -> Matrices:
+    """pack_int8 weights and their fp32 per-channel scales [N] (W8A8: activations quantized per row)."""
+    return Matrices(INT8, list(zip(weights, scales)), [w.shape[0] for w in weights], k, bias)
+
+
+def dense_matrices(weights: list[torch.Tensor], bias: torch.Tensor | None = None,
+                   avx512_first: bool = True) -> Matrices | None:
+    """Contiguous dense weights [N_i, K] of one dtype (fp32, bf16, f16), fp32 arithmetic; None for
+    others, and (avx512_first) for bf16 where the AVX-512 BF16 kernel (kernels.linear) is faster."""
+    w = weights[0]
+    if (w.dtype not in DTYPES or not all(v.dtype == w.dtype and v.is_contiguous() for v in weights)
+            or (avx512_first and w.dtype == torch.bfloat16 and w.shape[1] % 32 == 0 and cpu_gemv.available())):
+        return None
+    return Matrices(DENSE, [(w,) for w in weights], [w.shape[0] for w in weights], weights[0].shape[1], bias,
+                    wdt=DTYPES[weights[0].dtype])
+
+
+def matmul(x: torch.Tensor, mats: Matrices) -> torch.Tensor:
+    """x [M, K] @ [W_0; W_1; ...]^T (+ the bias, added to the rounded product as torch adds it);
+    [M, sum of N] in x's dtype."""
     x = x.contiguous()
-    m, n = x.shape[0], w.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype)
-    _library().speclite_int8_gemm(x.data_ptr(), DTYPES[x.dtype], w.data_ptr(), scale.data_ptr(), y.data_ptr(),
-                                  m, n, k, torch.get_num_threads())
+    y = torch.empty(x.shape[0], mats.n, dtype=x.dtype)
+    _library().speclite_matmul(x.data_ptr(), DTYPES[x.dtype], ctypes.byref(mats), y.data_ptr(), x.shape[0],
+                               torch.get_num_threads())
     return y
 
 
-class DenseMatrices:
-    """One or more contiguous dense weights [N_i, K] of one dtype (fp32, bf16, f16) and one input,
-    multiplied in one kernel call (x widened to fp32 once, one thread team for all the columns)."""
-
-    def __init__(self, weights):
-        self.weights, self.n, self.k = weights, sum(w.shape[0] for w in weights), weights[0].shape[1]
-        parts = len(weights)
-        self.args = [ctypes.c_int(parts), (_P * parts)(*(w.data_ptr() for w in weights)), DTYPES[weights[0].dtype],
-                     (_I * parts)(*(w.shape[0] for w in weights))]
+def needs_grad(x: torch.Tensor, modules=()) -> bool:
+    """Whether a gradient must flow through x or the modules' parameters (training a head, scripts/):
+    the C++ CPU kernels have no backward, so such calls keep torch's ops."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for m in modules for p in m.parameters()))
 
 
-def dense_gemm(x: torch.Tensor, mats: DenseMatrices) -> torch.Tensor:
-    """x [M, K] @ [W_0; W_1; ...]^T in fp32 arithmetic; [M, sum of N] in x's dtype."""
-    x = x.contiguous()
-    m = x.shape[0]
-    y = torch.empty(m, mats.n, dtype=x.dtype)
-    _library().speclite_dense_gemm(x.data_ptr(), DTYPES[x.dtype], *mats.args, y.data_ptr(), m, mats.k,
-                                   torch.get_num_threads())
-    return y
+def module_matrices(x: torch.Tensor, linears: list) -> Matrices | None:
+    """The linear modules (one class, one input) as one matmul call on the activations x, built once
+    by their class's static cpu_matrices(linears) (None where it has no kernel for them); None also
+    where x is not for these kernels or a gradient must flow."""
+    build = getattr(type(linears[0]), "cpu_matrices", None)
+    if (build is None or x.dim() != 2 or not takes(x) or not all(type(m) is type(linears[0]) for m in linears)
+            or needs_grad(x, linears)):
+        return None
+    return cached(linears[0], linears, lambda: build(linears))
 
 
-def half_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w^T for one contiguous fp32, bf16 or f16 w [N, K], fp32 arithmetic."""
-    return dense_gemm(x, DenseMatrices([w]))
-
-
-def cached(owner, tensors: list, build):
-    """build() kept on module `owner` for these exact tensors (a weight replaced: built again).
-    A layer's kernel arguments (pointer arrays, joined biases) are built once, not per call."""
+def cached(owner, modules: list, build):
+    """build() kept on module `owner` while `modules` hold the same parameters and buffers (one
+    replaced: built again). Kernel arguments (pointer arrays, joined biases) are built once, not
+    per call; checking costs a dict lookup per tensor. The modules are held, so their ids stay theirs."""
     store = owner.__dict__.setdefault("_speclite_cached", {})
-    key = tuple(id(t) for t in tensors)
+    key = tuple(id(m) for m in modules)
     found = store.get(key)
-    if found is None or any(a is not b for a, b in zip(found[0], tensors)):
-        found = store[key] = (list(tensors), build())
-    return found[1]
+    if found is None or not all(d.get(name) is t for d, name, t in found[1]):
+        held = [(d, name, t) for m in modules for d in (m._parameters, m._buffers) for name, t in d.items()]
+        found = store[key] = (list(modules), held, build())
+    return found[2]
 
 
 def joined_bias(linears) -> torch.Tensor | None:
-    """The linears' biases side by side (zeros for one without), or None if none has one."""
-    dtype = next((m.bias.dtype for m in linears if m.bias is not None), None)
-    if dtype is None:
+    """The linears' biases side by side in fp32 (zeros for one without), or None if none has one."""
+    if all(m.bias is None for m in linears):
         return None
-    return torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in linears])
+    return torch.cat([m.bias.float() if m.bias is not None else torch.zeros(m.out_features) for m in linears])
 
 
 @functools.cache
 def _library():
     return cpu_build.load("avx2", "gemm_avx2.cpp", FLAGS, {
-        "speclite_int4_gemm": [_P, _I, _I, _PP, _PP, _PP, _IP, _P, _I, _I, _I, _I],
-        "speclite_int8_gemm": [_P, _I, _P, _P, _P, _I, _I, _I, _I],
-        "speclite_dense_gemm": [_P, _I, _I, _PP, _I, _IP, _P, _I, _I, _I],
+        "speclite_matmul": [_P, _I, _P, _P, _I, _I],
     })

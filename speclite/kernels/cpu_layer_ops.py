@@ -1,6 +1,6 @@
-"""speclite's AVX2 CPU kernels for a decoder layer's non-matmul work (kernels/cpu/layer_ops_avx2.cpp):
-RMSNorm, SwiGLU, and RoPE + KV-cache write + attention, one C call each instead of ~30 torch ops per
-layer.
+"""speclite's AVX2 CPU kernels for a decoder layer (kernels/cpu/layer_ops_avx2.cpp): RMSNorm, SwiGLU,
+and RoPE + KV-cache write + attention, one C call each instead of ~30 torch ops per layer; and the
+whole layer (those and its four cpu_gemm products) in one call and one thread team.
 
 Rows are computed independently of each other (speculative verification stays bit-identical to
 plain decoding). `available()` is False without an AVX2 CPU or a compiler, or with
@@ -15,6 +15,7 @@ import functools
 import torch
 
 from speclite.kernels import cpu_build
+from speclite.kernels.cpu_gemm import Matrices
 
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -63,10 +64,41 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
     return out
 
 
+class Layer(ctypes.Structure):
+    """One decoder block for decoder_layer: its four products (cpu_gemm.Matrices: q/k/v joined, o,
+    gate/up joined, down), its two RMSNorm weights (the activations' dtype) and its attention shape.
+    Mirrors struct Layer in layer_ops_avx2.cpp."""
+
+    _fields_ = [("qkv", ctypes.POINTER(Matrices)), ("o", ctypes.POINTER(Matrices)),
+                ("gate_up", ctypes.POINTER(Matrices)), ("down", ctypes.POINTER(Matrices)),
+                ("norm1", _P), ("norm2", _P), ("eps", _F), ("heads", _I), ("kv_heads", _I), ("head_dim", _I)]
+
+    def __init__(self, mats: list[Matrices], norms: list[torch.Tensor], eps: float, heads: int, kv_heads: int,
+                 head_dim: int):
+        super().__init__(*(ctypes.pointer(m) for m in mats), *(n.data_ptr() for n in norms), eps, heads, kv_heads,
+                         head_dim)
+        self.keep = (mats, norms)  # what the pointers point at lives as long as this
+
+
+def decoder_layer(layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+                  cache_v: torch.Tensor, start: int, keys: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """The decoder block on x [t, H]: the same numbers as its modules one by one (attention as
+    attention() above: cache written at start.., keys 0..keys-1, mask [t, keys] or causal)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    mask = None if mask is None else mask.to(torch.uint8).contiguous()
+    _library().speclite_decoder_layer(
+        ctypes.byref(layer), x.data_ptr(), out.data_ptr(), DTYPES[x.dtype], x.shape[0], cos.data_ptr(), sin.data_ptr(),
+        cache_k.data_ptr(), cache_v.data_ptr(), None if mask is None else mask.data_ptr(), cache_k.shape[1], start,
+        keys, layer.head_dim ** -0.5, torch.get_num_threads())
+    return out
+
+
 @functools.cache
 def _library():
     return cpu_build.load("avx2", "layer_ops_avx2.cpp", FLAGS, {
         "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
         "speclite_swiglu": [_P, _P, _I, _I, _I],
         "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
+        "speclite_decoder_layer": [_P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _F, _I],
     })

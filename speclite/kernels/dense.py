@@ -20,7 +20,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if avx512_bf16(x, weight):
             y = cpu_gemv.gemm_bf16(x.contiguous(), weight).to(x.dtype)
         elif weight.dtype in HALF and weight.is_contiguous() and cpu_gemm.takes(x):
-            y = cpu_gemm.half_gemm(x, weight)
+            y = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([weight], avx512_first=False))
         elif x.shape[0] == 1:
             y = torch.mv(weight, x[0]).unsqueeze(0)
         else:

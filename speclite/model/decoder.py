@@ -145,33 +145,23 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the reference implementation, scale in the model dtype.
-        if self.weight.dtype == x.dtype and cpu_layer_ops.takes(x) and not autograd(x, self.weight):
+        if self.weight.dtype == x.dtype and cpu_layer_ops.takes(x) and not cpu_gemm.needs_grad(x, [self]):
             return cpu_layer_ops.rms_norm(x, self.weight, self.eps)
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
 class Linear(nn.Linear):
-    """nn.Linear on speclite's CPU kernels where they apply (see joint_matmul), else kernels.linear."""
+    """nn.Linear on speclite's CPU kernels where they apply (cpu_gemm.module_matrices), else kernels.linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = Linear.joint_matmul(x, [self])
-        return y if y is not None else kernels.linear(x, self.weight, self.bias)
+        mats = cpu_gemm.module_matrices(x, [self])
+        return cpu_gemm.matmul(x, mats) if mats is not None else kernels.linear(x, self.weight, self.bias)
 
     @staticmethod
-    def joint_matmul(x: torch.Tensor, linears) -> torch.Tensor | None:
-        """The outputs of `linears` (one input) on x side by side, in one AVX2 kernel call (x widened
-        once, one thread fork) where their weights are contiguous CPU fp32/bf16/f16 of one dtype;
-        None elsewhere, and where the AVX-512 BF16 kernel (kernels.linear) is the faster path."""
-        w = linears[0].weight
-        if (x.dim() != 2 or not cpu_gemm.takes(x) or w.dtype not in cpu_gemm.DTYPES or kernels.dense.avx512_bf16(x, w)
-                or not all(type(m) is Linear and m.weight.dtype == w.dtype and m.weight.is_contiguous() for m in linears)
-                or autograd(x, *(t for m in linears for t in (m.weight, m.bias)))):
-            return None
-        mats, bias = cpu_gemm.cached(linears[0], [t for m in linears for t in (m.weight, m.bias)], lambda: (
-            cpu_gemm.DenseMatrices([m.weight for m in linears]), cpu_gemm.joined_bias(linears)))
-        y = cpu_gemm.dense_gemm(x, mats)
-        return y if bias is None else y + bias
+    def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
+        """The linears (one input) for one AVX2 kernel call (cpu_gemm.module_matrices)."""
+        return cpu_gemm.dense_matrices([m.weight for m in linears], cpu_gemm.joined_bias(linears))
 
 
 def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,20 +177,24 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def autograd(*tensors: torch.Tensor | None) -> bool:
-    """Whether a gradient must flow through these (training a head, scripts/): the C++ CPU kernels
-    have no backward, so such calls keep torch's ops."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def attended(start, t: int, cache_k: torch.Tensor) -> tuple[int, int]:
+    """For the CPU attention kernels: the first new token's cache slot and how many keys to attend.
+    The static path's positions are a tensor (no CUDA graphs on a CPU): read them, and attend the
+    whole cache under its mask."""
+    return (start, start + t) if isinstance(start, int) else (int(start[0]), cache_k.shape[1])
+
+
+def hooked(modules) -> bool:
+    """Whether a module has forward hooks (calibration records each linear's input): such modules are
+    called one by one, never fused away."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def project(x: torch.Tensor, *linears: nn.Module) -> torch.Tensor:
-    """The linears' outputs on x (q, k and v; gate and up) side by side in one tensor: one call where
-    their class can join them (joint_matmul: the CPU int4 kernel quantizes x once for all)."""
-    joint = getattr(type(linears[0]), "joint_matmul", None)
-    # A module with hooks (calibration records each linear's input) is called on its own.
-    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in linears)
-    y = joint(x, linears) if joint is not None and not hooked else None
-    return y if y is not None else torch.cat([m(x) for m in linears], dim=-1)
+    """The linears' outputs on x (q, k and v; gate and up) side by side in one tensor: one kernel
+    call where cpu_matrices joins them (x quantized or widened once, one thread team)."""
+    mats = None if hooked(linears) else cpu_gemm.module_matrices(x, linears)
+    return cpu_gemm.matmul(x, mats) if mats is not None else torch.cat([m(x) for m in linears], dim=-1)
 
 
 class Attention(nn.Module):
@@ -221,12 +215,9 @@ class Attention(nn.Module):
         t, h, kv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = project(x, self.q_proj, self.k_proj, self.v_proj)
         cache_k, cache_v = layer_cache
-        if not self.qk_norm and cache_k.dtype == qkv.dtype and cpu_layer_ops.takes(qkv) and not autograd(qkv):
-            # RoPE, the cache write and attention in one call. The static path's positions are a
-            # tensor (no CUDA graphs on a CPU): read them, and attend the whole cache under its mask.
-            dynamic = isinstance(start, int)
-            first, keys = (start, start + t) if dynamic else (int(start[0]), cache_k.shape[1])
-            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, first, keys, mask)
+        if not self.qk_norm and cache_k.dtype == qkv.dtype and cpu_layer_ops.takes(qkv) and not cpu_gemm.needs_grad(qkv):
+            # RoPE, the cache write and attention in one call.
+            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k), mask)
             return self.o_proj(out)
         q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
         q, k, v = q.reshape(t, h, d), k.reshape(t, kv, d), v.reshape(t, kv, d)
@@ -265,7 +256,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate_up = project(x, self.gate_proj, self.up_proj)
-        if cpu_layer_ops.takes(gate_up) and not autograd(gate_up):
+        if cpu_layer_ops.takes(gate_up) and not cpu_gemm.needs_grad(gate_up):
             return self.down_proj(cpu_layer_ops.swiglu(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
@@ -280,8 +271,35 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
     def forward(self, x, cos, sin, layer_cache, start, mask):
+        fused = self.cpu_layer(x, layer_cache)
+        if fused is not None:
+            return cpu_layer_ops.decoder_layer(fused, x, cos, sin, *layer_cache, *attended(start, x.shape[0], layer_cache[0]),
+                                               mask)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def cpu_layer(self, x: torch.Tensor, layer_cache) -> cpu_layer_ops.Layer | None:
+        """The whole block as one C call and one thread team (built once), where the CPU kernels take
+        every part of it: x, the cache and the norms of one dtype, every linear's class has a CPU
+        kernel for it (cpu_gemm.module_matrices), no hooks, no gradient, no q/k norms."""
+        attn, mlp = self.self_attn, self.mlp
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        if (attn.qk_norm or x.dim() != 2 or layer_cache[0].dtype != x.dtype or not cpu_layer_ops.takes(x)
+                or any(n.weight.dtype != x.dtype for n in norms)):
+            return None
+        groups = ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])
+        modules = [m for g in groups for m in g] + list(norms)
+        if hooked(modules) or cpu_gemm.needs_grad(x, modules):
+            return None
+
+        def build():
+            mats = [cpu_gemm.module_matrices(x, g) for g in groups]
+            if any(m is None for m in mats):
+                return None
+            return cpu_layer_ops.Layer(mats, [n.weight for n in norms], norms[0].eps, attn.num_heads,
+                                       attn.num_kv_heads, attn.head_dim)
+
+        return cpu_gemm.cached(self, modules, build)
 
 
 class Backbone(nn.Module):

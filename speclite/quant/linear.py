@@ -41,10 +41,23 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self._matmul(x.reshape(-1, shape[-1]))
-        if self.bias is not None:
-            y = y + self.bias
+        x = x.reshape(-1, shape[-1])
+        mats = cpu_gemm.module_matrices(x, [self])  # the CPU kernels, bias included
+        if mats is not None:
+            y = cpu_gemm.matmul(x, mats)
+        else:
+            y = self._matmul(x)
+            if self.bias is not None:
+                y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
+
+    @staticmethod
+    def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
+        """The linears (one input) for one CPU kernel call (cpu_gemm.module_matrices): those whose
+        weights were dequantized at load are dense; subclasses add their own formats."""
+        if not all(m.path == "dequantized" for m in linears):
+            return None
+        return cpu_gemm.dense_matrices([m.weight for m in linears], cpu_gemm.joined_bias(linears))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, path={self.path}"
@@ -108,10 +121,17 @@ class Int8Linear(QuantLinear):
             return kernels.int8_gemm(x, self.weight, self.weight_scale)
         if self.path == "dequantized":
             return kernels.linear(x, self.weight)
-        if self.path == "cpu_w8a8":
-            return cpu_gemm.int8_gemm(x, self.weight, self.weight_scale, self.in_features)
+        if self.path == "cpu_w8a8":  # where module_matrices passes (a gradient wanted): the same numbers
+            return cpu_gemm.matmul(x, cpu_gemm.int8_matrices([self.weight], [self.weight_scale], self.in_features))
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.weight_scale)
         return y.to(x.dtype)
+
+    @staticmethod
+    def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
+        if all(m.path == "cpu_w8a8" for m in linears):
+            return cpu_gemm.int8_matrices([m.weight for m in linears], [m.weight_scale for m in linears],
+                                          linears[0].in_features, cpu_gemm.joined_bias(linears))
+        return QuantLinear.cpu_matrices(linears)
 
 
 class Int4Linear(QuantLinear):
@@ -151,32 +171,25 @@ class Int4Linear(QuantLinear):
             self.register_buffer("weight", w.dequantize(dtype).to(device))
 
     @staticmethod
-    def joint_matmul(x: torch.Tensor, linears) -> torch.Tensor | None:
-        """The outputs of `linears` (one input: a layer's q, k and v) on x side by side, in one kernel
-        call where all are cpu_int4 with one group size and column order: one activation quantization
-        and one thread fork instead of one per linear, the same numbers. None where they are not."""
+    def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
+        """cpu_int4 linears of one group size in column order: one activation quantization and one
+        thread team for all (a layer's q, k and v), the same numbers as one call each."""
         first = linears[0]
-        if x.dim() != 2 or not all(isinstance(m, Int4Linear) and m.path == "cpu_int4" and m.perm is None
-                                   and m.group_size == first.group_size for m in linears):
-            return None
-        mats, bias = cpu_gemm.cached(first, [t for m in linears for t in (m.qweight, m.scales, m.zeros, m.bias)],
-                                     lambda: (cpu_gemm.Int4Matrices([(m.qweight, m.scales, m.zeros) for m in linears],
-                                                                    [m.out_features for m in linears],
-                                                                    first.in_features, first.group_size),
-                                              cpu_gemm.joined_bias(linears)))
-        y = cpu_gemm.int4_gemm(x, mats)
-        return y if bias is None else y + bias
+        if all(m.path == "cpu_int4" and m.perm is None and m.group_size == first.group_size for m in linears):
+            return cpu_gemm.int4_matrices([(m.qweight, m.scales, m.zeros) for m in linears],
+                                          [m.out_features for m in linears], first.in_features, first.group_size,
+                                          cpu_gemm.joined_bias(linears))
+        return QuantLinear.cpu_matrices(linears)
 
     def _matmul(self, x):
         if self.use_kernels:
             return kernels.w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
         if self.path == "dequantized":
             return kernels.linear(x, self.weight)
-        if self.path == "cpu_int4":
+        if self.path == "cpu_int4":  # act-order columns (perm), or a gradient wanted: the same numbers
             x = x if self.perm is None else x[:, self.perm]
-            mats = cpu_gemm.cached(self, [self.qweight, self.scales, self.zeros], lambda: cpu_gemm.Int4Matrices(
-                [(self.qweight, self.scales, self.zeros)], [self.out_features], self.in_features, self.group_size))
-            return cpu_gemm.int4_gemm(x, mats)
+            return cpu_gemm.matmul(x, cpu_gemm.int4_matrices([(self.qweight, self.scales, self.zeros)],
+                                                             [self.out_features], self.in_features, self.group_size))
         xb = x.to(torch.bfloat16)
         if self.perm is not None:
             xb = xb[:, self.perm]

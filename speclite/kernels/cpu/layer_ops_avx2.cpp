@@ -1,126 +1,73 @@
-// The decoder's non-matmul work in one call each, for x86 CPUs with AVX2 + FMA + F16C: RMSNorm, SwiGLU,
-// and RoPE + KV-cache write + attention. In torch eager these are 6 and ~20 small ops per layer, whose
-// dispatch cost more than their arithmetic on one decode row.
-//
-// Tensors are fp32, bf16 or f16 (one dtype per call); arithmetic is fp32, results rounded once to
-// the dtype (round to nearest even). Every row is computed by the same sequence of operations
-// whatever the other rows are, so verifying k+1 tokens gives the logits of k+1 single steps.
-#include <omp.h>
-
-#include <cmath>
-
-#include <algorithm>
-#include <vector>
-
-#include "avx2_values.h"
+// The decoder's layer work (layer_ops_avx2.h) as C entry points: RMSNorm, SwiGLU and attention one
+// call each, and a whole decoder layer (norms, the four products of gemm_avx2.h, attention,
+// residuals) in one call and one thread team, so a decode step forks once per layer, not ten times.
+#include "gemm_avx2.h"
+#include "layer_ops_avx2.h"
 
 namespace {
 
-// q . row for fp32 q and a row of `dt` values at p + off, in a fixed order.
-inline float dot_row(const float *q, const void *p, int dt, int64_t off, int d) {
-    __m256 acc = _mm256_setzero_ps();
-    int e = 0;
-    for (; e + 8 <= d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(p, dt, off + e), acc);
-    float s = hsum(acc);
-    for (; e < d; e++) s += q[e] * to_float(p, dt, off + e);
-    return s;
-}
+// One decoder block's weights (Llama-family: pre-norm attention, then a pre-norm SwiGLU MLP).
+// Mirrored by cpu_layer_ops.Layer.
+struct Layer {
+    const Matrices *qkv, *o, *gate_up, *down;  // q/k/v side by side, o, gate/up side by side, down
+    const void *norm1, *norm2;                 // [H] in the activations' dtype
+    float eps;
+    int heads, kv_heads, head_dim;
+};
 
-// acc += w * row for a row of `dt` values at p + off.
-inline void add_row(float w, const void *p, int dt, int64_t off, float *acc, int d) {
-    const __m256 wv = _mm256_set1_ps(w);
-    int e = 0;
-    for (; e + 8 <= d; e += 8) _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(wv, load8(p, dt, off + e), _mm256_loadu_ps(acc + e)));
-    for (; e < d; e++) acc[e] += w * to_float(p, dt, off + e);
-}
+thread_local std::vector<char> layer_buffers;  // the caller's: the team shares it
 
 }  // namespace
 
 extern "C" {
 
-// y = weight * round(x / sqrt(mean(x^2) + eps)) per row of x [M, H], as the model's RMSNorm
-// (normalise in fp32, round to the dtype, scale in the dtype).
 void speclite_rms_norm(const void *x, const void *weight, void *y, int dt, int M, int H, float eps) {
-    for (int m = 0; m < M; m++) {
-        const int64_t row = (int64_t)m * H;
-        __m256 acc = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 8 <= H; i += 8) {
-            const __m256 v = load8(x, dt, row + i);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float ss = hsum(acc);
-        for (; i < H; i++) ss += to_float(x, dt, row + i) * to_float(x, dt, row + i);
-        const float r = 1.f / std::sqrt(ss / (float)H + eps);
-        for (i = 0; i < H; i++) store(y, dt, row + i, to_float(weight, dt, i) * round_to(dt, to_float(x, dt, row + i) * r));
-    }
+    for (int m = 0; m < M; m++) rms_norm_row(x, weight, y, dt, m, H, eps);
 }
 
-// y [M, I] = round(silu(gate)) * up, rounded, for gate_up [M, 2I] (gate columns, then up), as torch's
-// F.silu(gate) * up computes it in the dtype.
-void speclite_swiglu(const void *gate_up, void *y, int dt, int M, int I) {
-    for (int m = 0; m < M; m++)
-        for (int i = 0; i < I; i++) {
-            const float g = to_float(gate_up, dt, (int64_t)m * 2 * I + i), u = to_float(gate_up, dt, (int64_t)m * 2 * I + I + i);
-            store(y, dt, (int64_t)m * I + i, round_to(dt, g / (1.f + std::exp(-g))) * u);
-        }
-}
+void speclite_swiglu(const void *gate_up, void *y, int dt, int M, int I) { swiglu_team(gate_up, y, dt, M, I); }
 
-// One attention layer's work after the q/k/v projections, for t new tokens:
-//   qkv [t, (H + 2 Hkv) d] the projections (q heads, then k, then v), cos/sin [t, d] the RoPE tables;
-//   the rotated keys and the values are written to cache_k/cache_v [Hkv, max_len, d] at slots
-//   start..start+t-1; out [t, H d] = softmax(q k^T * scale) v over keys 0..L-1, where new token i
-//   sees key j if mask[i, j] (mask [t, L] of bytes), or without a mask if j <= start + i.
-// Keys a row does not see cost nothing and change nothing: the result equals attention over the
-// visible keys alone, whatever L is.
 void speclite_attention(const void *qkv, const void *cos, const void *sin, void *cache_k, void *cache_v, void *out,
                         const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
                         float scale, int threads) {
-    const int half = d / 2, width = (H + 2 * Hkv) * d, group = H / Hkv;
-    // RoPE of one head's vector (row i, column offset c) into fp32 dst: x cos + rotate_half(x) sin.
-    auto rope = [&](int i, int c, float *dst) {
-        for (int e = 0; e < d; e++) {
-            const float x = to_float(qkv, dt, (int64_t)i * width + c + e);
-            const float other = to_float(qkv, dt, (int64_t)i * width + c + (e < half ? e + half : e - half));
-            dst[e] = x * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
-        }
-    };
-    std::vector<float> tmp(d);
-    for (int i = 0; i < t; i++)
-        for (int h = 0; h < Hkv; h++) {
-            const int64_t slot = ((int64_t)h * max_len + start + i) * d;
-            rope(i, (H + h) * d, tmp.data());
-            for (int e = 0; e < d; e++) store(cache_k, dt, slot + e, tmp[e]);
-            for (int e = 0; e < d; e++) store(cache_v, dt, slot + e, to_float(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
-        }
+    // A fork costs more than a short decode step's attention: one thread unless there is real work.
     const int64_t work = (int64_t)t * H * L * d;
 #pragma omp parallel num_threads(work > (1 << 18) ? threads : 1)
+    attention_team(qkv, cos, sin, cache_k, cache_v, out, mask, dt, t, H, Hkv, d, max_len, start, L, scale);
+}
+
+// out [M, H] = the decoder layer on x [M, H]: h = x + o(attention(qkv(norm1(x)))), out = h +
+// down(swiglu(gate_up(norm2(h)))), each product and sum rounded to the dtype as the torch modules
+// round them, so the result equals the module-by-module path bit for bit. Attention as
+// speclite_attention (cache write at start.., keys 0..L-1, mask or causal).
+void speclite_decoder_layer(const Layer *ly, const void *x, void *out, int dt, int M, const void *cos, const void *sin,
+                            void *cache_k, void *cache_v, const uint8_t *mask, int max_len, int start, int L,
+                            float scale, int threads) {
+    const int H = ly->qkv->k, A = ly->heads * ly->head_dim, W = ly->qkv->n, G = ly->gate_up->n, I = G / 2;
+    const int64_t es = dt == F32 ? 4 : 2;
+    std::vector<char> &buf = layer_buffers;
+    buf.resize(es * M * ((int64_t)H + W + A + H + G + I + H));
+    char *normed = buf.data(), *qkv = normed + es * M * H, *att = qkv + es * M * W, *o = att + es * M * A;
+    char *gu = o + es * M * H, *act = gu + es * M * G, *down = act + es * M * I;
+    Scratch &sc = scratch;
+#pragma omp parallel num_threads(threads)
     {
-        std::vector<float> q(d), acc(d), scores(L);
 #pragma omp for schedule(static)
-        for (int task = 0; task < t * H; task++) {
-            const int i = task / H, h = task % H, kvh = h / group;
-            rope(i, h * d, q.data());
-            const int64_t base = (int64_t)kvh * max_len * d;
-            float best = -INFINITY;
-            for (int j = 0; j < L; j++) {
-                const bool seen = mask ? mask[(int64_t)i * L + j] != 0 : j <= start + i;
-                if (!seen) continue;
-                scores[j] = dot_row(q.data(), cache_k, dt, base + (int64_t)j * d, d) * scale;
-                best = std::max(best, scores[j]);
-            }
-            std::fill(acc.begin(), acc.end(), 0.f);
-            float total = 0.f;
-            for (int j = 0; j < L; j++) {
-                const bool seen = mask ? mask[(int64_t)i * L + j] != 0 : j <= start + i;
-                if (!seen) continue;
-                const float p = std::exp(scores[j] - best);
-                total += p;
-                add_row(p, cache_v, dt, base + (int64_t)j * d, acc.data(), d);
-            }
-            const float inv = 1.f / total;
-            for (int e = 0; e < d; e++) store(out, dt, (int64_t)i * H * d + h * d + e, acc[e] * inv);
+        for (int m = 0; m < M; m++) rms_norm_row(x, ly->norm1, normed, dt, m, H, ly->eps);
+        matmul_team(*ly->qkv, normed, dt, M, qkv, sc);
+        attention_team(qkv, cos, sin, cache_k, cache_v, att, mask, dt, M, ly->heads, ly->kv_heads, ly->head_dim,
+                       max_len, start, L, scale);
+        matmul_team(*ly->o, att, dt, M, o, sc);
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            for (int64_t i = (int64_t)m * H; i < (int64_t)(m + 1) * H; i++) store(out, dt, i, to_float(x, dt, i) + to_float(o, dt, i));
+            rms_norm_row(out, ly->norm2, normed, dt, m, H, ly->eps);
         }
+        matmul_team(*ly->gate_up, normed, dt, M, gu, sc);
+        swiglu_team(gu, act, dt, M, I);
+        matmul_team(*ly->down, act, dt, M, down, sc);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < (int64_t)M * H; i++) store(out, dt, i, to_float(out, dt, i) + to_float(down, dt, i));
     }
 }
 

@@ -1,0 +1,388 @@
+// Matrix products for quantized and half-precision weights on x86 CPUs with AVX2 + FMA + F16C.
+//
+// y [M, N] = x [M, K] @ w [N, K]^T for three weight formats:
+//   int4  repacked at load for eight columns at a time (layout at Int4 below), an fp16 scale and a
+//         uint8 zero per group (w = (q - z) * s, group a multiple of 32). Activations are quantized
+//         per 32-block to int8 once per call; a block's dot product is integer (maddubs), its float
+//         scale applied once per block, and the zeros once per group through the blocks' sums.
+//   int8  per-channel scale (W8A8): activations quantized per row to int8, integer dot products.
+//   dense fp32, or bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C),
+//         fp32 FMAs.
+// x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
+//
+// Exactness: the arithmetic of output (m, n) is the same sequence of operations whatever M is and
+// whichever tile holds it (tiles only share loads; every (m, n) has its own accumulators and the
+// same reduction), and the build uses -ffp-contract=off so the compiler cannot fuse differently in
+// different tiles. So a row computed alone equals that row in a batch, bit for bit: speculative
+// verification of k+1 rows gives the plain decoder's logits.
+//
+// Threads (OpenMP, torch's runtime once torch is loaded) split the output columns statically.
+// matmul_team is run by every thread of a team: one call forks it (gemm_avx2.cpp), a decoder layer
+// (layer_ops_avx2.cpp) runs its four products and the work between them in one team. Rows are
+// walked in chunks so a chunk's activations stay in cache while the weights stream.
+#pragma once
+
+#include <omp.h>
+
+#include <cmath>
+
+#include <algorithm>
+#include <vector>
+
+#include "avx2_values.h"
+
+namespace {
+
+constexpr int ROW_CHUNK = 32;
+// Bytes ahead of the weight streams that the kernels prefetch: the hardware prefetcher alone left a
+// decode step at about a third of the copy bandwidth (benchmarks/RESULTS.md, issue 13). Measured
+// best: 2 KB ahead of int4's one stream per thread, 4 KB ahead of each row of the row-major formats.
+constexpr int PREFETCH = 2048, PREFETCH_ROWS = 4096;
+
+// Row m of x quantized to int8 in blocks of `block` values (K padded with zeros to Kp):
+// d = max|x| / 127, q = round(x * (127 / max|x|)) half to even. Returns the blocks' scales in d and
+// their integer sums in sums. Eight values at a time; the numbers are those of the scalar loop.
+void quantize_row(const void *x, int dt, int64_t m, int K, int Kp, int block, int8_t *q, float *d, int32_t *sums) {
+    const int64_t base = m * (int64_t)K;
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int b0 = 0; b0 < Kp; b0 += block) {
+        const int b1 = std::min(b0 + block, K);
+        __m256 mx = _mm256_setzero_ps();
+        int k = b0;
+        for (; k + 8 <= b1; k += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, load8(x, dt, base + k)));
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, mx);
+        float amax = 0.f;
+        for (float v : lanes) amax = std::max(amax, v);
+        for (; k < b1; k++) amax = std::max(amax, std::fabs(to_float(x, dt, base + k)));
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        const __m256 iv = _mm256_set1_ps(inv);
+        __m256i sv = _mm256_setzero_si256();
+        for (k = b0; k + 8 <= b1; k += 8) {
+            const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(load8(x, dt, base + k), iv));  // half to even
+            sv = _mm256_add_epi32(sv, v);
+            const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            _mm_storel_epi64((__m128i *)(q + k), _mm_packs_epi16(w, w));
+        }
+        int32_t sum = hsum_i32(sv);
+        for (; k < b0 + block; k++) {
+            const int v = k < b1 ? (int)_mm_cvtss_si32(_mm_set_ss(to_float(x, dt, base + k) * inv)) : 0;
+            q[k] = (int8_t)v;
+            sum += v;
+        }
+        d[b0 / block] = amax / 127.f;
+        sums[b0 / block] = sum;
+    }
+}
+
+// Calls tile(m0, mr, n0, nr) over this thread's columns, rows in cache-sized chunks.
+template <int MR, int NR, class Tile>
+void walk(int M, int n0, int n1, Tile tile) {
+    for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
+        const int c1 = std::min(c0 + ROW_CHUNK, M);
+        int n = n0;
+        for (; n + NR <= n1; n += NR)
+            for (int m = c0; m < c1; m += MR) tile(m, std::min(MR, c1 - m), n, NR);
+        for (; n < n1; n++)
+            for (int m = c0; m < c1; m += MR) tile(m, std::min(MR, c1 - m), n, 1);
+    }
+}
+
+inline void split(int N, int step, int threads, int t, int &n0, int &n1) {
+    const int tiles = (N + step - 1) / step;
+    n0 = (int)((int64_t)tiles * t / threads) * step;
+    n1 = std::min(N, (int)((int64_t)tiles * (t + 1) / threads) * step);
+}
+
+struct Scratch {
+    std::vector<int8_t> q;
+    std::vector<float> a, b;
+    std::vector<int32_t> s;
+};
+thread_local Scratch scratch;
+
+// ---- int4 ------------------------------------------------------------------------------------
+//
+// Eight output columns at a time, results in the eight lanes of one register, so scales and zeros
+// are vectors and no column needs a horizontal sum. Per group of 8 columns and 32-weight block,
+// 128 bytes: the columns split into sets A = {0, 1, 4, 5} and B = {2, 3, 6, 7}; U(S, j) is 32
+// bytes, four 8-byte runs (one per column of S, in that order) of weights 8j..8j+7; packed 32-byte
+// word t = 2S + j' holds U(S, j') in its low nibbles and U(S, j' + 2) in its high ones. A block's
+// activations are broadcast 8 bytes at a time against U(S, j); maddubs + add_epi16 sum the four
+// runs (at most 4 * 2 * 15 * 127 < 2^15: no saturation), madd and hadd leave lane l = column l.
+
+struct Int4 {
+    const int8_t *xq;   // [M, Kp]
+    const float *dx;    // [M, nb] block scales
+    const float *gsx;   // [M, G] per group: sum over its blocks of d * (sum of q)
+    const uint8_t *qw;  // [N / 8, nb, 128]
+    const uint16_t *s;  // [N / 8, G, 8] fp16
+    const uint8_t *z;   // [N / 8, G, 8]
+    void *y;            // [M, ldy], this matrix's N columns from column y0
+    int dt, N, Kp, nb, G, bpg, ldy, y0;
+
+    // Sum over the block of weight * activation for the 8 columns, as int32 lanes.
+    static inline __m256i block_dot(const __m256i u[8], const int8_t *x) {
+        __m256i sa = _mm256_setzero_si256(), sb = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            int64_t run;
+            memcpy(&run, x + 8 * j, 8);
+            const __m256i xv = _mm256_set1_epi64x(run);
+            sa = _mm256_add_epi16(sa, _mm256_maddubs_epi16(u[j], xv));
+            sb = _mm256_add_epi16(sb, _mm256_maddubs_epi16(u[4 + j], xv));
+        }
+        const __m256i ones = _mm256_set1_epi16(1);
+        return _mm256_hadd_epi32(_mm256_madd_epi16(sa, ones), _mm256_madd_epi16(sb, ones));
+    }
+
+    template <int MR>
+    void tile(int m0, int cg) const {
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        __m256 acc[MR];
+        for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
+        const uint8_t *w = qw + (int64_t)cg * nb * 128;
+        for (int g = 0; g < G; g++) {
+            __m256 part[MR];
+            for (int i = 0; i < MR; i++) part[i] = _mm256_setzero_ps();
+            const int b1 = std::min(nb, (g + 1) * bpg);
+            for (int b = g * bpg; b < b1; b++) {
+                // The weights stream from memory once: ask for them well ahead (the next column
+                // group's follow this one's).
+                _mm_prefetch((const char *)(w + (int64_t)b * 128 + PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w + (int64_t)b * 128 + PREFETCH + 64), _MM_HINT_T0);
+                __m256i u[8];  // U(A, 0..3), U(B, 0..3)
+                for (int t = 0; t < 4; t++) {
+                    const __m256i p = _mm256_loadu_si256((const __m256i *)(w + (int64_t)b * 128 + 32 * t));
+                    const int set = t >> 1, j = t & 1;
+                    u[4 * set + j] = _mm256_and_si256(p, low);
+                    u[4 * set + j + 2] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                }
+                for (int i = 0; i < MR; i++) {
+                    const __m256i dot = block_dot(u, xq + (int64_t)(m0 + i) * Kp + b * 32);
+                    part[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(dx + (int64_t)(m0 + i) * nb + b), part[i]);
+                }
+            }
+            const int64_t sg = ((int64_t)cg * G + g) * 8;
+            const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + sg)));
+            const __m256 zv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + sg))));
+            const __m256 szv = _mm256_mul_ps(sv, zv);
+            for (int i = 0; i < MR; i++) {
+                acc[i] = _mm256_fmadd_ps(part[i], sv, acc[i]);
+                acc[i] = _mm256_fnmadd_ps(szv, _mm256_broadcast_ss(gsx + (int64_t)(m0 + i) * G + g), acc[i]);
+            }
+        }
+        const int cols = std::min(8, N - cg * 8);
+        for (int i = 0; i < MR; i++) {
+            alignas(32) float out[8];
+            _mm256_store_ps(out, acc[i]);
+            for (int l = 0; l < cols; l++) store(y, dt, (int64_t)(m0 + i) * ldy + y0 + cg * 8 + l, out[l]);
+        }
+    }
+
+    // Column groups [g0, g1) of this matrix, rows in cache-sized chunks, 3 rows per tile where
+    // there are (3 keeps the tile's registers from spilling, measured against 2 and 4).
+    void run(int M, int g0, int g1) const {
+        for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
+            const int c1 = std::min(c0 + ROW_CHUNK, M);
+            for (int cg = g0; cg < g1; cg++) {
+                int m = c0;
+                for (; m + 3 <= c1; m += 3) tile<3>(m, cg);
+                for (; m < c1; m++) tile<1>(m, cg);
+            }
+        }
+    }
+};
+
+// ---- int8 ------------------------------------------------------------------------------------
+
+struct Int8 {
+    const int8_t *xq;  // [M, Kp]
+    const float *dx;   // [M] row scales
+    const int8_t *w;   // [N, Kp]
+    const float *ws;   // [N]
+    void *y;           // [M, ldy], this matrix's N columns from column y0
+    int dt, N, Kp, ldy, y0;
+
+    template <int MR, int NR>
+    void tile(int m0, int n0) const {
+        const __m256i ones = _mm256_set1_epi16(1);
+        __m256i acc[MR][NR];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_si256();
+        for (int k = 0; k < Kp; k += 32) {
+            __m256i wv[NR], wa[NR];
+            for (int j = 0; j < NR; j++) {
+                if (k % 64 == 0) _mm_prefetch((const char *)(w + (int64_t)(n0 + j) * Kp + k + PREFETCH_ROWS), _MM_HINT_T0);
+                wv[j] = _mm256_loadu_si256((const __m256i *)(w + (int64_t)(n0 + j) * Kp + k));
+                wa[j] = _mm256_abs_epi8(wv[j]);
+            }
+            for (int i = 0; i < MR; i++) {
+                // |w| (0..128) unsigned times x carrying w's sign (x in -127..127): no saturation.
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)(m0 + i) * Kp + k));
+                for (int j = 0; j < NR; j++) {
+                    __m256i p = _mm256_maddubs_epi16(wa[j], _mm256_sign_epi8(xv, wv[j]));
+                    acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++)
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j,
+                      (float)hsum_i32(acc[i][j]) * (dx[m0 + i] * ws[n0 + j]));
+    }
+};
+
+// ---- bf16 / f16 ------------------------------------------------------------------------------
+
+struct Dense {
+    const float *x;  // [M, K] fp32
+    const void *w;   // [N, K] fp32, bf16 or f16
+    void *y;         // [M, ldy], this matrix's N columns from column y0
+    int dt, wdt, N, K, ldy, y0;
+
+    template <int MR, int NR>
+    void tile(int m0, int n0) const {
+        __m256 acc[MR][NR];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
+        const int K8 = K & ~7;
+        for (int k = 0; k < K8; k += 8) {
+            __m256 wv[NR];
+            for (int j = 0; j < NR; j++) {
+                const int64_t at = (int64_t)(n0 + j) * K + k;
+                if (k % 32 == 0) _mm_prefetch((const char *)w + at * (wdt == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
+                wv[j] = load8(w, wdt, at);
+            }
+            for (int i = 0; i < MR; i++) {
+                const __m256 xv = _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k);
+                for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+            }
+        }
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) {
+                float tail = 0.f;
+                for (int k = K8; k < K; k++) tail += to_float(w, wdt, (int64_t)(n0 + j) * K + k) * x[(int64_t)(m0 + i) * K + k];
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j, hsum(acc[i][j]) + tail);
+            }
+    }
+};
+
+// Instantiates kernel.tile<mr, nr> for the run-time tile size (mr <= MR, nr in {1, NR}).
+template <int MR, int NR, class K>
+inline void dispatch(const K &k, int m, int mr, int n, int nr) {
+    if constexpr (MR > 1) {
+        if (mr < MR) return dispatch<MR - 1, NR>(k, m, mr, n, nr);
+    }
+    if constexpr (NR > 1) {
+        if (nr < NR) return dispatch<MR, 1>(k, m, mr, n, nr);
+    }
+    k.template tile<MR, NR>(m, n);
+}
+
+// Decode (one row) wants several columns in flight; many rows want weights reused across rows.
+template <class K>
+void run_columns(const K &k, int M, int n0, int n1) {
+    auto one = [&](int m, int mr, int n, int nr) { dispatch<1, 4>(k, m, mr, n, nr); };
+    auto many = [&](int m, int mr, int n, int nr) { dispatch<4, 2>(k, m, mr, n, nr); };
+    if (M == 1)
+        walk<1, 4>(M, n0, n1, one);
+    else
+        walk<4, 2>(M, n0, n1, many);
+}
+
+
+// ---- one product for a thread team --------------------------------------------------------------
+
+enum Kind { DENSE = 0, INT4 = 1, INT8 = 2 };
+
+// One or more matrices of one format and one input, multiplied side by side: a layer's q, k and v
+// projections, or its gate and up. Mirrored by cpu_gemm.Matrices.
+struct Matrices {
+    int kind, parts;
+    const void *const *w;       // per part: dense [N, K] (dtype wdt), int4 packed nibbles, int8 [N, Kp]
+    const void *const *scales;  // int4: fp16 [N / 8, G, 8]; int8: fp32 [N]
+    const void *const *zeros;   // int4: uint8 [N / 8, G, 8]
+    const int *ns;              // per part: output columns
+    int n, k, wdt, group;       // n: sum of ns; wdt: dense weights' dtype; group: int4's
+    const float *bias;          // [n] (zeros for a part without), or null
+};
+
+// y[m, c] = round(y[m, c] + bias[c]) for columns [c0, c1): as torch adds a bias of y's dtype to the
+// rounded product (the bias arrives widened to fp32, exactly).
+inline void add_bias(void *y, int dt, const float *bias, int M, int ldy, int c0, int c1) {
+    for (int m = 0; m < M; m++)
+        for (int c = c0; c < c1; c++) store(y, dt, (int64_t)m * ldy + c, to_float(y, dt, (int64_t)m * ldy + c) + bias[c]);
+}
+
+// y [M, n] = x [M, k] @ [W_0; W_1; ...]^T (+ bias), run by every thread of the current team (a
+// single thread outside one). `sc` is one scratch shared by the team. Ends in a barrier: y is whole.
+inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *y, Scratch &sc) {
+    const int K = mt.k, T = omp_get_num_threads(), t = omp_get_thread_num();
+    if (mt.kind == INT4) {
+        const int nb = (K + 31) / 32, Kp = nb * 32, G = (K + mt.group - 1) / mt.group, bpg = mt.group / 32;
+#pragma omp single
+        {
+            sc.q.resize((size_t)M * Kp);
+            sc.a.resize((size_t)M * nb);
+            sc.b.resize((size_t)M * G);
+            sc.s.resize((size_t)M * nb);
+        }
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            float *d = sc.a.data() + (int64_t)m * nb;
+            int32_t *sums = sc.s.data() + (int64_t)m * nb;
+            quantize_row(x, dt, m, K, Kp, 32, sc.q.data() + (int64_t)m * Kp, d, sums);
+            for (int g = 0; g < G; g++) {
+                float s = 0.f;
+                for (int b = g * bpg; b < std::min(nb, (g + 1) * bpg); b++) s += d[b] * (float)sums[b];
+                sc.b[(int64_t)m * G + g] = s;
+            }
+        }
+        int groups = 0;
+        for (int p = 0; p < mt.parts; p++) groups += (mt.ns[p] + 7) / 8;
+        int g0, g1;
+        split(groups, 1, T, t, g0, g1);
+        for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += (mt.ns[p] + 7) / 8, y0 += mt.ns[p++]) {
+            const int a = std::max(g0, first) - first, b = std::min(g1, first + (mt.ns[p] + 7) / 8) - first;
+            if (a >= b) continue;
+            const Int4 k4{sc.q.data(), sc.a.data(), sc.b.data(), (const uint8_t *)mt.w[p], (const uint16_t *)mt.scales[p],
+                          (const uint8_t *)mt.zeros[p], y, dt, mt.ns[p], Kp, nb, G, bpg, mt.n, y0};
+            k4.run(M, a, b);
+            if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * 8, y0 + std::min(b * 8, mt.ns[p]));
+        }
+    } else {
+        const int Kp = mt.kind == INT8 ? (K + 31) / 32 * 32 : K;
+#pragma omp single
+        {
+            if (mt.kind == INT8) {
+                sc.q.resize((size_t)M * Kp);
+                sc.a.resize((size_t)M);
+                sc.s.resize((size_t)M);
+            } else {
+                sc.a.resize((size_t)M * K);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            if (mt.kind == INT8)
+                quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
+            else
+                for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
+        }
+        int c0, c1;
+        split(mt.n, 4, T, t, c0, c1);
+        for (int p = 0, first = 0; p < mt.parts; first += mt.ns[p++]) {
+            const int a = std::max(c0, first) - first, b = std::min(c1, first + mt.ns[p]) - first;
+            if (a >= b) continue;
+            if (mt.kind == INT8)
+                run_columns(Int8{sc.q.data(), sc.a.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt,
+                                 mt.ns[p], Kp, mt.n, first}, M, a, b);
+            else
+                run_columns(Dense{sc.a.data(), mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first}, M, a, b);
+            if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, first + a, first + b);
+        }
+    }
+#pragma omp barrier
+}
+
+}  // namespace

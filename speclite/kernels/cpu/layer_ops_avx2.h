@@ -1,0 +1,127 @@
+// The decoder's non-matmul work for x86 CPUs with AVX2 + FMA + F16C: RMSNorm, SwiGLU, and RoPE +
+// KV-cache write + attention, as functions a thread team runs (layer_ops_avx2.cpp calls them one at a
+// time from Python, or a whole decoder layer in one team). In torch eager these are 6 and ~20 small
+// ops per layer, whose dispatch cost more than their arithmetic on one decode row.
+//
+// Tensors are fp32, bf16 or f16 (one dtype per call); arithmetic is fp32, results rounded once to
+// the dtype (round to nearest even). Every row is computed by the same sequence of operations
+// whatever the other rows are, so verifying k+1 tokens gives the logits of k+1 single steps.
+#pragma once
+
+#include <omp.h>
+
+#include <cmath>
+
+#include <algorithm>
+#include <vector>
+
+#include "avx2_values.h"
+
+namespace {
+
+
+// q . row for fp32 q and a row of `dt` values at p + off, in a fixed order.
+inline float dot_row(const float *q, const void *p, int dt, int64_t off, int d) {
+    __m256 acc = _mm256_setzero_ps();
+    int e = 0;
+    for (; e + 8 <= d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(p, dt, off + e), acc);
+    float s = hsum(acc);
+    for (; e < d; e++) s += q[e] * to_float(p, dt, off + e);
+    return s;
+}
+
+// acc += w * row for a row of `dt` values at p + off.
+inline void add_row(float w, const void *p, int dt, int64_t off, float *acc, int d) {
+    const __m256 wv = _mm256_set1_ps(w);
+    int e = 0;
+    for (; e + 8 <= d; e += 8) _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(wv, load8(p, dt, off + e), _mm256_loadu_ps(acc + e)));
+    for (; e < d; e++) acc[e] += w * to_float(p, dt, off + e);
+}
+
+
+// y = weight * round(x / sqrt(mean(x^2) + eps)) for row m of x [M, H], as the model's RMSNorm
+// (normalise in fp32, round to the dtype, scale in the dtype).
+inline void rms_norm_row(const void *x, const void *weight, void *y, int dt, int64_t m, int H, float eps) {
+    const int64_t row = m * H;
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= H; i += 8) {
+        const __m256 v = load8(x, dt, row + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float ss = hsum(acc);
+    for (; i < H; i++) ss += to_float(x, dt, row + i) * to_float(x, dt, row + i);
+    const float r = 1.f / std::sqrt(ss / (float)H + eps);
+    for (i = 0; i < H; i++) store(y, dt, row + i, to_float(weight, dt, i) * round_to(dt, to_float(x, dt, row + i) * r));
+}
+
+// y [M, I] = round(silu(gate)) * up, rounded, for gate_up [M, 2I] (gate columns, then up), as torch's
+// F.silu(gate) * up computes it in the dtype. The team splits the rows' columns in chunks.
+inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I) {
+    constexpr int CHUNK = 256;
+    const int chunks = (I + CHUNK - 1) / CHUNK;
+#pragma omp for schedule(static)
+    for (int task = 0; task < M * chunks; task++) {
+        const int m = task / chunks, i1 = std::min(I, (task % chunks + 1) * CHUNK);
+        for (int i = task % chunks * CHUNK; i < i1; i++) {
+            const float g = to_float(gate_up, dt, (int64_t)m * 2 * I + i), u = to_float(gate_up, dt, (int64_t)m * 2 * I + I + i);
+            store(y, dt, (int64_t)m * I + i, round_to(dt, g / (1.f + std::exp(-g))) * u);
+        }
+    }
+}
+
+// One attention layer's work after the q/k/v projections, for t new tokens, run by a team:
+//   qkv [t, (H + 2 Hkv) d] the projections (q heads, then k, then v), cos/sin [t, d] the RoPE tables;
+//   the rotated keys and the values are written to cache_k/cache_v [Hkv, max_len, d] at slots
+//   start..start+t-1; out [t, H d] = softmax(q k^T * scale) v over keys 0..L-1, where new token i
+//   sees key j if mask[i, j] (mask [t, L] of bytes), or without a mask if j <= start + i.
+// Keys a row does not see cost nothing and change nothing: the result equals attention over the
+// visible keys alone, whatever L is. Ends in a barrier: out is whole.
+inline void attention_team(const void *qkv, const void *cos, const void *sin, void *cache_k, void *cache_v, void *out,
+                           const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
+                           float scale) {
+    const int half = d / 2, width = (H + 2 * Hkv) * d, group = H / Hkv;
+    // RoPE of one head's vector (row i, column offset c) into fp32 dst: x cos + rotate_half(x) sin.
+    auto rope = [&](int i, int c, float *dst) {
+        for (int e = 0; e < d; e++) {
+            const float x = to_float(qkv, dt, (int64_t)i * width + c + e);
+            const float other = to_float(qkv, dt, (int64_t)i * width + c + (e < half ? e + half : e - half));
+            dst[e] = x * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
+        }
+    };
+    std::vector<float> q(d), acc(d), scores(L);
+#pragma omp for schedule(static)
+    for (int task = 0; task < t * Hkv; task++) {
+        const int i = task / Hkv, h = task % Hkv;
+        const int64_t slot = ((int64_t)h * max_len + start + i) * d;
+        rope(i, (H + h) * d, q.data());
+        for (int e = 0; e < d; e++) store(cache_k, dt, slot + e, q[e]);
+        for (int e = 0; e < d; e++) store(cache_v, dt, slot + e, to_float(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
+    }
+#pragma omp for schedule(static)
+    for (int task = 0; task < t * H; task++) {
+        const int i = task / H, h = task % H, kvh = h / group;
+        rope(i, h * d, q.data());
+        const int64_t base = (int64_t)kvh * max_len * d;
+        float best = -INFINITY;
+        for (int j = 0; j < L; j++) {
+            const bool seen = mask ? mask[(int64_t)i * L + j] != 0 : j <= start + i;
+            if (!seen) continue;
+            scores[j] = dot_row(q.data(), cache_k, dt, base + (int64_t)j * d, d) * scale;
+            best = std::max(best, scores[j]);
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        float total = 0.f;
+        for (int j = 0; j < L; j++) {
+            const bool seen = mask ? mask[(int64_t)i * L + j] != 0 : j <= start + i;
+            if (!seen) continue;
+            const float p = std::exp(scores[j] - best);
+            total += p;
+            add_row(p, cache_v, dt, base + (int64_t)j * d, acc.data(), d);
+        }
+        const float inv = 1.f / total;
+        for (int e = 0; e < d; e++) store(out, dt, (int64_t)i * H * d + h * d + e, acc[e] * inv);
+    }
+}
+
+}  // namespace
