@@ -54,9 +54,11 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group:
 
 
 def pack_int8(w: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] padded with zero columns to K a multiple of 32."""
-    k = w.shape[1]
-    return torch.nn.functional.pad(w.to(torch.int8), (0, -k % 32)).contiguous()
+    """int8 [N, K] into the kernel's layout (gemm_avx2.h, Int8): per 8 columns (N padded with zero
+    columns) and 32-block (K padded with zeros), the 8 columns' 32 values in turn; [N / 8, K / 32 * 256]."""
+    n, k = w.shape
+    w = torch.nn.functional.pad(w.to(torch.int8), (0, -k % 32, 0, -n % 8))
+    return w.view(w.shape[0] // 8, 8, -1, 32).transpose(1, 2).reshape(w.shape[0] // 8, -1).contiguous()
 
 
 class Matrices(ctypes.Structure):
@@ -86,7 +88,7 @@ def int4_matrices(packs: list[tuple], ns: list[int], k: int, group: int, bias: t
 def int8_matrices(weights: list[torch.Tensor], scales: list[torch.Tensor], k: int,
                   bias: torch.Tensor | None = None) -> Matrices:
     """pack_int8 weights and their fp32 per-channel scales [N] (W8A8: activations quantized per row)."""
-    return Matrices(INT8, list(zip(weights, scales)), [w.shape[0] for w in weights], k, bias)
+    return Matrices(INT8, list(zip(weights, scales)), [s.shape[0] for s in scales], k, bias)
 
 
 def dense_matrices(weights: list[torch.Tensor], bias: torch.Tensor | None = None,

@@ -5,7 +5,8 @@
 //         uint8 zero per group (w = (q - z) * s, group a multiple of 32). Activations are quantized
 //         per 32-block to int8 once per call; a block's dot product is integer (maddubs), its float
 //         scale applied once per block, and the zeros once per group through the blocks' sums.
-//   int8  per-channel scale (W8A8): activations quantized per row to int8, integer dot products.
+//   int8  repacked at load (layout at Int8 below), a per-channel scale (W8A8): activations quantized
+//         per row to int8, integer dot products.
 //   dense fp32, or bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C),
 //         fp32 FMAs.
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
@@ -194,41 +195,96 @@ struct Int4 {
 };
 
 // ---- int8 ------------------------------------------------------------------------------------
+//
+// Repacked at load for one contiguous stream: per group of 8 columns (N padded with zero columns)
+// and 32-block, the 8 columns' 32 weights one after the other (256 bytes). Rows of a row-major
+// matrix read as 4-8 interleaved streams ran at about half of the copy bandwidth on a big matrix.
+// The integer dot products are exact, so any tile gives the same sums; the float epilogue is
+// sum * (dx * ws) in every tile.
 
 struct Int8 {
     const int8_t *xq;  // [M, Kp]
     const float *dx;   // [M] row scales
-    const int8_t *w;   // [N, Kp]
+    const int8_t *w;   // [N / 8, nb, 8, 32]
     const float *ws;   // [N]
     void *y;           // [M, ldy], this matrix's N columns from column y0
     int dt, N, Kp, ldy, y0;
 
-    template <int MR, int NR>
-    void tile(int m0, int n0) const {
-        const __m256i ones = _mm256_set1_epi16(1);
-        __m256i acc[MR][NR];
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_si256();
-        for (int k = 0; k < Kp; k += 32) {
-            __m256i wv[NR], wa[NR];
-            for (int j = 0; j < NR; j++) {
-                if (k % 64 == 0) _mm_prefetch((const char *)(w + (int64_t)(n0 + j) * Kp + k + PREFETCH_ROWS), _MM_HINT_T0);
-                wv[j] = _mm256_loadu_si256((const __m256i *)(w + (int64_t)(n0 + j) * Kp + k));
-                wa[j] = _mm256_abs_epi8(wv[j]);
-            }
+    // |w| (0..128) unsigned times x carrying w's sign (x in -127..127): no saturation.
+    static inline __m256i dot32(__m256i wv, __m256i xv) {
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)), _mm256_set1_epi16(1));
+    }
+
+    // One row, the 8 columns of group cg: the sums end in the 8 lanes of one register.
+    void row8(int m, int cg) const {
+        const int nb = Kp / 32;
+        const int8_t *wg = w + (int64_t)cg * nb * 256, *xm = xq + (int64_t)m * Kp;
+        __m256i acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_si256();
+        for (int b = 0; b < nb; b++) {
+            _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH + 64), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH + 128), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH + 192), _MM_HINT_T0);
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xm + b * 32));
+            for (int c = 0; c < 8; c++)
+                acc[c] = _mm256_add_epi32(acc[c], dot32(_mm256_loadu_si256((const __m256i *)(wg + ((int64_t)b * 8 + c) * 32)), xv));
+        }
+        // Three rounds of pairwise sums leave column c's total in lane c.
+        const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
+        const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[4], acc[5]), _mm256_hadd_epi32(acc[6], acc[7]));
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
+        epilogue(m, cg, sums);
+    }
+
+    // Rows m0..m0+MR-1 (MR <= 4), columns n and n + 1 (of one group), each weight load serving every
+    // row (4 x 2 accumulators: more spill registers, measured slower).
+    template <int MR>
+    void tile(int m0, int n) const {
+        const int nb = Kp / 32;
+        const int8_t *wc = w + ((int64_t)(n / 8) * nb * 8 + n % 8) * 32;
+        __m256i acc[MR][2];
+        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+        for (int b = 0; b < nb; b++) {
+            if (n % 8 == 0)  // the group's other columns follow: fetch the rest of the block now
+                for (int line = 64; line < 256; line += 64) _mm_prefetch((const char *)(wc + (int64_t)b * 256 + line), _MM_HINT_T0);
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wc + (int64_t)b * 256));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wc + (int64_t)b * 256 + 32));
             for (int i = 0; i < MR; i++) {
-                // |w| (0..128) unsigned times x carrying w's sign (x in -127..127): no saturation.
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)(m0 + i) * Kp + k));
-                for (int j = 0; j < NR; j++) {
-                    __m256i p = _mm256_maddubs_epi16(wa[j], _mm256_sign_epi8(xv, wv[j]));
-                    acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p, ones));
-                }
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)(m0 + i) * Kp + b * 32));
+                acc[i][0] = _mm256_add_epi32(acc[i][0], dot32(w0, xv));
+                acc[i][1] = _mm256_add_epi32(acc[i][1], dot32(w1, xv));
             }
         }
         for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++)
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j,
-                      (float)hsum_i32(acc[i][j]) * (dx[m0 + i] * ws[n0 + j]));
+            for (int c = 0; c < 2 && n + c < N; c++)
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n + c, (float)hsum_i32(acc[i][c]) * (dx[m0 + i] * ws[n + c]));
+    }
+
+    void epilogue(int m, int cg, __m256i sums) const {
+        const int cols = std::min(8, N - cg * 8);
+        alignas(32) float scale[8] = {};
+        for (int l = 0; l < cols; l++) scale[l] = ws[cg * 8 + l];
+        alignas(32) float out[8];
+        _mm256_store_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_set1_ps(dx[m]), _mm256_load_ps(scale))));
+        for (int l = 0; l < cols; l++) store(y, dt, (int64_t)m * ldy + y0 + cg * 8 + l, out[l]);
+    }
+
+    // Column groups [g0, g1): one row streams every group once; many rows take 4 at a time.
+    void run(int M, int g0, int g1) const {
+        if (M == 1) {
+            for (int cg = g0; cg < g1; cg++) row8(0, cg);
+            return;
+        }
+        for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
+            const int c1 = std::min(c0 + ROW_CHUNK, M);
+            for (int n = g0 * 8; n < std::min(N, g1 * 8); n += 2) {
+                int m = c0;
+                for (; m + 4 <= c1; m += 4) tile<4>(m, n);
+                for (; m + 2 <= c1; m += 2) tile<2>(m, n);
+                for (; m < c1; m++) tile<1>(m, n);
+            }
+        }
     }
 };
 
@@ -299,7 +355,7 @@ enum Kind { DENSE = 0, INT4 = 1, INT8 = 2 };
 // projections, or its gate and up. Mirrored by cpu_gemm.Matrices.
 struct Matrices {
     int kind, parts;
-    const void *const *w;       // per part: dense [N, K] (dtype wdt), int4 packed nibbles, int8 [N, Kp]
+    const void *const *w;       // per part: dense [N, K] (dtype wdt), or as pack_int4 / pack_int8 leave it
     const void *const *scales;  // int4: fp16 [N / 8, G, 8]; int8: fp32 [N]
     const void *const *zeros;   // int4: uint8 [N / 8, G, 8]
     const int *ns;              // per part: output columns
@@ -350,35 +406,40 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             k4.run(M, a, b);
             if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * 8, y0 + std::min(b * 8, mt.ns[p]));
         }
-    } else {
-        const int Kp = mt.kind == INT8 ? (K + 31) / 32 * 32 : K;
+    } else if (mt.kind == INT8) {
+        const int Kp = (K + 31) / 32 * 32;
 #pragma omp single
         {
-            if (mt.kind == INT8) {
-                sc.q.resize((size_t)M * Kp);
-                sc.a.resize((size_t)M);
-                sc.s.resize((size_t)M);
-            } else {
-                sc.a.resize((size_t)M * K);
-            }
+            sc.q.resize((size_t)M * Kp);
+            sc.a.resize((size_t)M);
+            sc.s.resize((size_t)M);
         }
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) {
-            if (mt.kind == INT8)
-                quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
-            else
-                for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
+        for (int m = 0; m < M; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
+        int groups = 0;
+        for (int p = 0; p < mt.parts; p++) groups += (mt.ns[p] + 7) / 8;
+        int g0, g1;
+        split(groups, 1, T, t, g0, g1);
+        for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += (mt.ns[p] + 7) / 8, y0 += mt.ns[p++]) {
+            const int a = std::max(g0, first) - first, b = std::min(g1, first + (mt.ns[p] + 7) / 8) - first;
+            if (a >= b) continue;
+            const Int8 k8{sc.q.data(), sc.a.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt, mt.ns[p],
+                          Kp, mt.n, y0};
+            k8.run(M, a, b);
+            if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * 8, y0 + std::min(b * 8, mt.ns[p]));
         }
+    } else {
+#pragma omp single
+        sc.a.resize((size_t)M * K);
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++)
+            for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
         int c0, c1;
         split(mt.n, 4, T, t, c0, c1);
         for (int p = 0, first = 0; p < mt.parts; first += mt.ns[p++]) {
             const int a = std::max(c0, first) - first, b = std::min(c1, first + mt.ns[p]) - first;
             if (a >= b) continue;
-            if (mt.kind == INT8)
-                run_columns(Int8{sc.q.data(), sc.a.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt,
-                                 mt.ns[p], Kp, mt.n, first}, M, a, b);
-            else
-                run_columns(Dense{sc.a.data(), mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first}, M, a, b);
+            run_columns(Dense{sc.a.data(), mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first}, M, a, b);
             if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, first + a, first + b);
         }
     }
