@@ -296,8 +296,9 @@ struct Dense {
     void *y;         // [M, ldy], this matrix's N columns from column y0
     int dt, wdt, N, K, ldy, y0;
 
+    // Rows m0.., columns n0 + j * step (j < NR).
     template <int MR, int NR>
-    void tile(int m0, int n0) const {
+    void tile(int m0, int n0, int step = 1) const {
         __m256 acc[MR][NR];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
@@ -305,7 +306,7 @@ struct Dense {
         for (int k = 0; k < K8; k += 8) {
             __m256 wv[NR];
             for (int j = 0; j < NR; j++) {
-                const int64_t at = (int64_t)(n0 + j) * K + k;
+                const int64_t at = (int64_t)(n0 + j * step) * K + k;
                 if (k % 32 == 0) _mm_prefetch((const char *)w + at * (wdt == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
                 wv[j] = load8(w, wdt, at);
             }
@@ -317,8 +318,8 @@ struct Dense {
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) {
                 float tail = 0.f;
-                for (int k = K8; k < K; k++) tail += to_float(w, wdt, (int64_t)(n0 + j) * K + k) * x[(int64_t)(m0 + i) * K + k];
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j, hsum(acc[i][j]) + tail);
+                for (int k = K8; k < K; k++) tail += to_float(w, wdt, (int64_t)(n0 + j * step) * K + k) * x[(int64_t)(m0 + i) * K + k];
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, hsum(acc[i][j]) + tail);
             }
     }
 };
@@ -335,15 +336,22 @@ inline void dispatch(const K &k, int m, int mr, int n, int nr) {
     k.template tile<MR, NR>(m, n);
 }
 
-// Decode (one row) wants several columns in flight; many rows want weights reused across rows.
-template <class K>
-void run_columns(const K &k, int M, int n0, int n1) {
-    auto one = [&](int m, int mr, int n, int nr) { dispatch<1, 4>(k, m, mr, n, nr); };
-    auto many = [&](int m, int mr, int n, int nr) { dispatch<4, 2>(k, m, mr, n, nr); };
-    if (M == 1)
-        walk<1, 4>(M, n0, n1, one);
-    else
-        walk<4, 2>(M, n0, n1, many);
+// Many rows want weights reused across rows (4 x 2 tiles). One row wants several columns in flight:
+// each tile takes one column from each quarter of the range, so a thread reads four long
+// sequential streams (consecutive weight rows are adjacent) instead of four short interleaved ones
+// the prefetchers lose track of. Tiles only share loads: the numbers are those of any other tiling.
+inline void run_columns(const Dense &k, int M, int n0, int n1) {
+    if (M > 1) {
+        walk<4, 2>(M, n0, n1, [&](int m, int mr, int n, int nr) { dispatch<4, 2>(k, m, mr, n, nr); });
+        return;
+    }
+    const int q = (n1 - n0 + 3) / 4;
+    for (int i = 0; i < q; i++) {
+        if (n0 + i + 3 * q < n1)
+            k.tile<1, 4>(0, n0 + i, q);
+        else
+            for (int n = n0 + i; n < n1; n += q) k.tile<1, 1>(0, n);
+    }
 }
 
 
