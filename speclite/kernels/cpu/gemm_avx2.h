@@ -299,6 +299,18 @@ struct Dense {
     // Rows m0.., columns n0 + j * step (j < NR).
     template <int MR, int NR>
     void tile(int m0, int n0, int step = 1) const {
+        if (wdt == BF16)
+            tile_of<MR, NR, BF16>(m0, n0, step);
+        else if (wdt == F16)
+            tile_of<MR, NR, F16>(m0, n0, step);
+        else
+            tile_of<MR, NR, F32>(m0, n0, step);
+    }
+
+    // The weights' dtype a constant: no branch in the inner loop. Only the one-row tile prefetches:
+    // many rows reuse weights already in cache.
+    template <int MR, int NR, int WDT>
+    void tile_of(int m0, int n0, int step) const {
         __m256 acc[MR][NR];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
@@ -307,8 +319,8 @@ struct Dense {
             __m256 wv[NR];
             for (int j = 0; j < NR; j++) {
                 const int64_t at = (int64_t)(n0 + j * step) * K + k;
-                if (k % 32 == 0) _mm_prefetch((const char *)w + at * (wdt == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
-                wv[j] = load8(w, wdt, at);
+                if (MR == 1 && k % 32 == 0) _mm_prefetch((const char *)w + at * (WDT == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
+                wv[j] = load8(w, WDT, at);
             }
             for (int i = 0; i < MR; i++) {
                 const __m256 xv = _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k);
@@ -318,7 +330,7 @@ struct Dense {
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) {
                 float tail = 0.f;
-                for (int k = K8; k < K; k++) tail += to_float(w, wdt, (int64_t)(n0 + j * step) * K + k) * x[(int64_t)(m0 + i) * K + k];
+                for (int k = K8; k < K; k++) tail += to_float(w, WDT, (int64_t)(n0 + j * step) * K + k) * x[(int64_t)(m0 + i) * K + k];
                 store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, hsum(acc[i][j]) + tail);
             }
     }
@@ -336,13 +348,13 @@ inline void dispatch(const K &k, int m, int mr, int n, int nr) {
     k.template tile<MR, NR>(m, n);
 }
 
-// Many rows want weights reused across rows (4 x 2 tiles). One row wants several columns in flight:
-// each tile takes one column from each quarter of the range, so a thread reads four long
-// sequential streams (consecutive weight rows are adjacent) instead of four short interleaved ones
+// Many rows want weights reused across rows (4 x 3 tiles: measured best of 4x2, 4x3, 3x4, 5x2).
+// One row wants several columns in flight: each tile takes one column from each quarter of the
+// range, so a thread reads four long sequential streams (consecutive weight rows are adjacent) instead of four short interleaved ones
 // the prefetchers lose track of. Tiles only share loads: the numbers are those of any other tiling.
 inline void run_columns(const Dense &k, int M, int n0, int n1) {
     if (M > 1) {
-        walk<4, 2>(M, n0, n1, [&](int m, int mr, int n, int nr) { dispatch<4, 2>(k, m, mr, n, nr); });
+        walk<4, 3>(M, n0, n1, [&](int m, int mr, int n, int nr) { dispatch<4, 3>(k, m, mr, n, nr); });
         return;
     }
     const int q = (n1 - n0 + 3) / 4;
