@@ -1,6 +1,8 @@
-"""A decoder layer in one C call (cpu_layer_ops.decoder_layer) gives the numbers of the same layer run
-module by module (norms, joined projections, attention, residuals), bit for bit: prefill, decode,
-and a token tree under its mask, dense and quantized, with and without q/k/v biases."""
+"""Every decoder layer of a model in one C call (cpu_layer_ops.decoder_layers), or one layer per call
+(decoder_layer), gives the numbers of the same layers run module by module (norms, joined
+projections, attention, residuals), bit for bit: logits, KV cache and the hidden states a drafter
+asks for, in a prefill, a decode step and a token tree under its mask, dense and quantized, with and
+without q/k/v biases."""
 
 from __future__ import annotations
 
@@ -9,22 +11,24 @@ import torch
 
 from speclite.kernels import cpu_layer_ops
 from speclite.model.loader import load_model
-from speclite.model.step import Tree
+from speclite.model.step import Tree, Wants
 from speclite.quant.quantize import quantize_model
 
 needs_kernels = pytest.mark.skipif(not cpu_layer_ops.available(), reason="no AVX2 CPU or no C++ compiler here")
 
 
 def run_steps(model):
-    """Logits and cache of a prefill, a decode step and a tree verification."""
+    """Logits, hidden states (every layer's input, the last one's output) and cache of a prefill, a
+    decode step and a tree verification."""
     g = torch.Generator().manual_seed(5)
-    vocab = model.args.vocab_size
+    vocab, wants = model.args.vocab_size, Wants(final=True, layers=tuple(range(model.args.num_layers + 1)))
     cache = model.new_cache(32)
-    out = [model(torch.randint(0, vocab, (7,), generator=g), cache)]
-    out.append(model(torch.randint(0, vocab, (1,), generator=g), cache))
+    steps = [model.step(torch.randint(0, vocab, (7,), generator=g), cache, wants=wants)]
+    steps.append(model.step(torch.randint(0, vocab, (1,), generator=g), cache, wants=wants))
     tree = Tree.of([-1, 0, 0, 1], "cpu")
-    out.append(model.step(torch.randint(0, vocab, (5,), generator=g), cache, tree=tree).logits)
-    return out, [t[:, :, :cache.length].clone() for layer in cache.layers for t in layer]
+    steps.append(model.step(torch.randint(0, vocab, (5,), generator=g), cache, tree=tree, wants=wants))
+    states = [t for s in steps for t in (s.logits, s.final, *s.layers.values())]
+    return states + [t[:, :, :cache.length].clone() for layer in cache.layers for t in layer]
 
 
 @needs_kernels
@@ -35,17 +39,23 @@ def test_fused_layer_equals_the_modules_bit_for_bit(model_dirs, family, dtype, q
     model = load_model(model_dirs[family], device="cpu", dtype=dtype)
     if quant:
         model = quantize_model(model, quant, group_size=32)
+    block = model.model.layers[0]
+    x = torch.randn(1, model.args.hidden_size).to(dtype)
     with torch.inference_mode():
-        fused, fused_cache = run_steps(model)
-        block = model.model.layers[0]
-        x = torch.randn(1, model.args.hidden_size).to(dtype)
-        assert isinstance(block.cpu_layer(x, model.new_cache(4).layers[0]), cpu_layer_ops.Layer)
-        # A hook on a linear keeps every block on its modules (calibration relies on it).
-        hooks = [b.self_attn.o_proj.register_forward_hook(lambda *_: None) for b in model.model.layers]
-        assert block.cpu_layer(x, model.new_cache(4).layers[0]) is None
-        modules, modules_cache = run_steps(model)
+        whole = run_steps(model)
+        assert isinstance(model.cpu_layers(x, model.new_cache(4)), cpu_layer_ops.Layers)
+        # A hook on one linear keeps the model off the one-call path and that block on its modules;
+        # the other blocks run one call each. Hooks on every block: all on their modules.
+        hooks = [block.self_attn.o_proj.register_forward_hook(lambda *_: None)]
+        assert model.cpu_layers(x, model.new_cache(4)) is None and block.cpu_layer(x, model.new_cache(4).layers[0]) is None
+        assert isinstance(model.model.layers[1].cpu_layer(x, model.new_cache(4).layers[1]), cpu_layer_ops.Layer)
+        per_layer = run_steps(model)
+        hooks += [b.self_attn.o_proj.register_forward_hook(lambda *_: None) for b in model.model.layers[1:]]
+        modules = run_steps(model)
         for h in hooks:
             h.remove()
-    for a, b in zip(fused + fused_cache, modules + modules_cache):
-        assert torch.equal(a, b)
-    assert all(torch.isfinite(t).all() for t in fused)
+        assert isinstance(model.cpu_layers(x, model.new_cache(4)), cpu_layer_ops.Layers)
+    assert len(whole) == len(modules) == len(per_layer)
+    for a, b, c in zip(whole, per_layer, modules):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    assert all(torch.isfinite(t).all() for t in whole)

@@ -130,15 +130,19 @@ def module_matrices(x: torch.Tensor, linears: list) -> Matrices | None:
     return cached(linears[0], linears, lambda: build(linears))
 
 
-def cached(owner, modules: list, build):
-    """build() kept on module `owner` while `modules` hold the same parameters and buffers (one
-    replaced: built again). Kernel arguments (pointer arrays, joined biases) are built once, not
-    per call; checking costs a dict lookup per tensor. The modules are held, so their ids stay theirs."""
+def cached(owner, modules: list, build, deep: bool = False):
+    """build() kept on module `owner` while `modules` are the same objects holding the same
+    parameters and buffers (deep: every submodule of theirs too, and a submodule replaced anywhere
+    counts). Kernel arguments (pointer arrays, joined biases) are built once, not per call; checking
+    costs a dict lookup per tensor. One entry per owner and kind of call: a rebuilt one replaces
+    the old, which lets go of the old weights."""
     store = owner.__dict__.setdefault("_speclite_cached", {})
-    key = tuple(id(m) for m in modules)
+    key = (deep, len(modules))
     found = store.get(key)
-    if found is None or not all(d.get(name) is t for d, name, t in found[1]):
-        held = [(d, name, t) for m in modules for d in (m._parameters, m._buffers) for name, t in d.items()]
+    if (found is None or not all(a is b for a, b in zip(found[0], modules))
+            or not all(d.get(name) is t for d, name, t in found[1])):
+        watched = [sub for m in modules for sub in m.modules()] if deep else modules
+        held = [(d, name, t) for m in watched for d in (m._modules, m._parameters, m._buffers) for name, t in d.items()]
         found = store[key] = (list(modules), held, build())
     return found[2]
 

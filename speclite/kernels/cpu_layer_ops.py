@@ -94,6 +94,36 @@ def decoder_layer(layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return out
 
 
+class Layers:
+    """A model's decoder layers for decoder_layers: their Layer structs, an array of pointers to them,
+    and every module they were built from (to check for hooks)."""
+
+    def __init__(self, layers: list[Layer], modules: list):
+        self.layers, self.modules = layers, modules
+        self.array = (ctypes.POINTER(Layer) * len(layers))(*(ctypes.pointer(ly) for ly in layers))
+
+
+def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layers,
+                   start: int, keys: int, mask: torch.Tensor | None, wants: tuple[int, ...] = ()):
+    """x [t, H] through every decoder layer in one call and one thread team: the output and
+    {i: layer i's input} for i in `wants` (i = the number of layers: the last one's output), the
+    same numbers as decoder_layer one layer at a time."""
+    x = x.contiguous()
+    n = len(layers.layers)
+    out = torch.empty_like(x)
+    captured = {i: torch.empty_like(x) for i in wants}
+    captures = (_P * (n + 1))(*(captured[i].data_ptr() if i in captured else None for i in range(n + 1)))
+    caches_k = (_P * n)(*(k.data_ptr() for k, _ in cache_layers))
+    caches_v = (_P * n)(*(v.data_ptr() for _, v in cache_layers))
+    mask = None if mask is None else mask.to(torch.uint8).contiguous()
+    first = layers.layers[0]
+    _library().speclite_decoder_layers(
+        layers.array, n, x.data_ptr(), out.data_ptr(), captures, caches_k, caches_v, DTYPES[x.dtype], x.shape[0],
+        cos.data_ptr(), sin.data_ptr(), None if mask is None else mask.data_ptr(), cache_layers[0][0].shape[1],
+        start, keys, first.head_dim ** -0.5, torch.get_num_threads())
+    return out, captured
+
+
 @functools.cache
 def _library():
     return cpu_build.load("avx2", "layer_ops_avx2.cpp", FLAGS, {
@@ -101,4 +131,5 @@ def _library():
         "speclite_swiglu": [_P, _P, _I, _I, _I],
         "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
         "speclite_decoder_layer": [_P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _F, _I],
+        "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F, _I],
     })

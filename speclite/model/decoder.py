@@ -280,26 +280,34 @@ class Block(nn.Module):
 
     def cpu_layer(self, x: torch.Tensor, layer_cache) -> cpu_layer_ops.Layer | None:
         """The whole block as one C call and one thread team (built once), where the CPU kernels take
-        every part of it: x, the cache and the norms of one dtype, every linear's class has a CPU
-        kernel for it (cpu_gemm.module_matrices), no hooks, no gradient, no q/k norms."""
-        attn, mlp = self.self_attn, self.mlp
-        norms = (self.input_layernorm, self.post_attention_layernorm)
-        if (attn.qk_norm or x.dim() != 2 or layer_cache[0].dtype != x.dtype or not cpu_layer_ops.takes(x)
-                or any(n.weight.dtype != x.dtype for n in norms)):
+        every part of it (cpu_layer_applies, build_cpu_layer) and no hook or gradient wants its modules."""
+        if not self.cpu_layer_applies(x, layer_cache[0]):
             return None
-        groups = ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])
-        modules = [m for g in groups for m in g] + list(norms)
+        modules = self.kernel_modules()
         if hooked(modules) or cpu_gemm.needs_grad(x, modules):
             return None
+        return cpu_gemm.cached(self, modules, lambda: self.build_cpu_layer(x))
 
-        def build():
-            mats = [cpu_gemm.module_matrices(x, g) for g in groups]
-            if any(m is None for m in mats):
-                return None
-            return cpu_layer_ops.Layer(mats, [n.weight for n in norms], norms[0].eps, attn.num_heads,
-                                       attn.num_kv_heads, attn.head_dim)
+    def cpu_layer_applies(self, x: torch.Tensor, cache_k: torch.Tensor) -> bool:
+        """x, the cache and the norms of one dtype the kernels take; no q/k norms."""
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        return (not self.self_attn.qk_norm and x.dim() == 2 and cache_k.dtype == x.dtype and cpu_layer_ops.takes(x)
+                and all(n.weight.dtype == x.dtype for n in norms))
 
-        return cpu_gemm.cached(self, modules, build)
+    def kernel_modules(self) -> list[nn.Module]:
+        attn, mlp = self.self_attn, self.mlp
+        return [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj,
+                self.input_layernorm, self.post_attention_layernorm]
+
+    def build_cpu_layer(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
+        """The Layer struct, or None where a linear's class has no CPU kernel for it."""
+        q, k, v, o, gate, up, down, norm1, norm2 = self.kernel_modules()
+        mats = [cpu_gemm.module_matrices(x, g) for g in ([q, k, v], [o], [gate, up], [down])]
+        if any(m is None for m in mats):
+            return None
+        attn = self.self_attn
+        return cpu_layer_ops.Layer(mats, [norm1.weight, norm2.weight], norm1.eps, attn.num_heads, attn.num_kv_heads,
+                                   attn.head_dim)
 
 
 class Backbone(nn.Module):
@@ -390,16 +398,37 @@ class Transformer(nn.Module):
             mask &= k_pos[None, :] > pos[:, None] - self.args.sliding_window
         return self._run(tokens, pos, cache, slots, mask, None, wants)
 
+    def cpu_layers(self, x: torch.Tensor, cache: KVCache) -> cpu_layer_ops.Layers | None:
+        """Every block as one C call and one thread team (built once; hooks and gradients checked per
+        call), where each block's own CPU layer applies."""
+        blocks = self.model.layers
+        if not blocks[0].cpu_layer_applies(x, cache.layers[0][0]):
+            return None
+
+        def build():
+            built = [b.build_cpu_layer(x) if b.cpu_layer_applies(x, cache.layers[0][0]) else None for b in blocks]
+            return None if None in built else cpu_layer_ops.Layers(built, [m for b in blocks for m in b.kernel_modules()])
+
+        layers = cpu_gemm.cached(self, [blocks], build, deep=True)
+        if layers is None or hooked(layers.modules) or cpu_gemm.needs_grad(x, layers.modules):
+            return None
+        return layers
+
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
         x = self.model.embed_tokens(tokens)
         cos, sin = rope_tables(pos, self.inv_freq, self.rope_scale, x.dtype)
-        layers = {}
-        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
-            if i in wants.layers:
-                layers[i] = x
-            x = layer(x, cos, sin, layer_cache, start, mask)
-        if len(self.model.layers) in wants.layers:
-            layers[len(self.model.layers)] = x
+        fused = self.cpu_layers(x, cache)
+        if fused is not None:
+            x, layers = cpu_layer_ops.decoder_layers(fused, x, cos, sin, cache.layers,
+                                                     *attended(start, x.shape[0], cache.layers[0][0]), mask, wants.layers)
+        else:
+            layers = {}
+            for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
+                if i in wants.layers:
+                    layers[i] = x
+                x = layer(x, cos, sin, layer_cache, start, mask)
+            if len(self.model.layers) in wants.layers:
+                layers[len(self.model.layers)] = x
         # Only the rows whose logits are asked for are normed, unless the final state is wanted too.
         normed = self.model.norm(x if wants.final or num_logits is None else x[-num_logits:])
         final = normed if wants.final else None

@@ -390,19 +390,24 @@ inline void add_bias(void *y, int dt, const float *bias, int M, int ldy, int c0,
         for (int c = c0; c < c1; c++) store(y, dt, (int64_t)m * ldy + c, to_float(y, dt, (int64_t)m * ldy + c) + bias[c]);
 }
 
+// Grows the scratch to what matmul_team needs for these matrices and M rows (before the team forks:
+// resizing inside it would cost a barrier per product).
+inline void reserve(Scratch &sc, const Matrices &mt, int M) {
+    const size_t nb = (mt.k + 31) / 32, G = mt.kind == INT4 ? (mt.k + mt.group - 1) / mt.group : 0;
+    auto grow = [](auto &v, size_t n) { if (v.size() < n) v.resize(n); };
+    grow(sc.q, (size_t)M * nb * 32);
+    grow(sc.a, (size_t)M * (mt.kind == DENSE ? mt.k : nb));
+    grow(sc.b, (size_t)M * G);
+    grow(sc.s, (size_t)M * nb);
+}
+
 // y [M, n] = x [M, k] @ [W_0; W_1; ...]^T (+ bias), run by every thread of the current team (a
-// single thread outside one). `sc` is one scratch shared by the team. Ends in a barrier: y is whole.
+// single thread outside one). `sc` is one scratch shared by the team, reserved for these matrices
+// and M. Ends in a barrier: y is whole.
 inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *y, Scratch &sc) {
     const int K = mt.k, T = omp_get_num_threads(), t = omp_get_thread_num();
     if (mt.kind == INT4) {
         const int nb = (K + 31) / 32, Kp = nb * 32, G = (K + mt.group - 1) / mt.group, bpg = mt.group / 32;
-#pragma omp single
-        {
-            sc.q.resize((size_t)M * Kp);
-            sc.a.resize((size_t)M * nb);
-            sc.b.resize((size_t)M * G);
-            sc.s.resize((size_t)M * nb);
-        }
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
             float *d = sc.a.data() + (int64_t)m * nb;
@@ -428,12 +433,6 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         }
     } else if (mt.kind == INT8) {
         const int Kp = (K + 31) / 32 * 32;
-#pragma omp single
-        {
-            sc.q.resize((size_t)M * Kp);
-            sc.a.resize((size_t)M);
-            sc.s.resize((size_t)M);
-        }
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
         int groups = 0;
@@ -449,8 +448,6 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * 8, y0 + std::min(b * 8, mt.ns[p]));
         }
     } else {
-#pragma omp single
-        sc.a.resize((size_t)M * K);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
             for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);

@@ -15,7 +15,57 @@ struct Layer {
     int heads, kv_heads, head_dim;
 };
 
-thread_local std::vector<char> layer_buffers;  // the caller's: the team shares it
+// One forward's shape and attention span, the same for every layer.
+struct Step {
+    int dt, M;
+    const void *cos, *sin;
+    const uint8_t *mask;
+    int max_len, start, L;
+    float scale;
+};
+
+// A layer's intermediate tensors (the activations' dtype): normed input, q/k/v, attention, o,
+// gate/up, swiglu, down.
+struct Buffers {
+    std::vector<char> data;
+    int64_t H = 0, W = 0, A = 0, G = 0;
+
+    // Also grows the team's matmul scratch for the layer's four products.
+    void reserve(const Layer &ly, int M, int dt, Scratch &sc) {
+        H = ly.qkv->k, W = ly.qkv->n, A = (int64_t)ly.heads * ly.head_dim, G = ly.gate_up->n;
+        const size_t need = (size_t)(dt == F32 ? 4 : 2) * M * (3 * H + W + A + G + G / 2);
+        if (data.size() < need) data.resize(need);
+        for (const Matrices *mt : {ly.qkv, ly.o, ly.gate_up, ly.down}) ::reserve(sc, *mt, M);
+    }
+};
+
+thread_local Buffers layer_buffers;         // the caller's: the team shares them
+thread_local std::vector<char> layer_states;
+
+// One layer, run by every thread of a team (see speclite_decoder_layer). Ends in a barrier.
+inline void layer_team(const Layer &ly, const Step &st, const void *x, void *out, void *cache_k, void *cache_v,
+                       const Buffers &bufs, Scratch &sc) {
+    const int dt = st.dt, M = st.M, H = (int)bufs.H, I = (int)(bufs.G / 2);
+    const int64_t es = dt == F32 ? 4 : 2;
+    char *normed = (char *)bufs.data.data(), *qkv = normed + es * M * H, *att = qkv + es * M * bufs.W;
+    char *o = att + es * M * bufs.A, *gu = o + es * M * H, *act = gu + es * M * bufs.G, *down = act + es * M * I;
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; m++) rms_norm_row(x, ly.norm1, normed, dt, m, H, ly.eps);
+    matmul_team(*ly.qkv, normed, dt, M, qkv, sc);
+    attention_team(qkv, st.cos, st.sin, cache_k, cache_v, att, st.mask, dt, M, ly.heads, ly.kv_heads, ly.head_dim,
+                   st.max_len, st.start, st.L, st.scale);
+    matmul_team(*ly.o, att, dt, M, o, sc);
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; m++) {
+        for (int64_t i = (int64_t)m * H; i < (int64_t)(m + 1) * H; i++) store(out, dt, i, to_float(x, dt, i) + to_float(o, dt, i));
+        rms_norm_row(out, ly.norm2, normed, dt, m, H, ly.eps);
+    }
+    matmul_team(*ly.gate_up, normed, dt, M, gu, sc);
+    swiglu_team(gu, act, dt, M, I);
+    matmul_team(*ly.down, act, dt, M, down, sc);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < (int64_t)M * H; i++) store(out, dt, i, to_float(out, dt, i) + to_float(down, dt, i));
+}
 
 }  // namespace
 
@@ -43,32 +93,37 @@ void speclite_attention(const void *qkv, const void *cos, const void *sin, void 
 void speclite_decoder_layer(const Layer *ly, const void *x, void *out, int dt, int M, const void *cos, const void *sin,
                             void *cache_k, void *cache_v, const uint8_t *mask, int max_len, int start, int L,
                             float scale, int threads) {
-    const int H = ly->qkv->k, A = ly->heads * ly->head_dim, W = ly->qkv->n, G = ly->gate_up->n, I = G / 2;
-    const int64_t es = dt == F32 ? 4 : 2;
-    std::vector<char> &buf = layer_buffers;
-    buf.resize(es * M * ((int64_t)H + W + A + H + G + I + H));
-    char *normed = buf.data(), *qkv = normed + es * M * H, *att = qkv + es * M * W, *o = att + es * M * A;
-    char *gu = o + es * M * H, *act = gu + es * M * G, *down = act + es * M * I;
+    const Step st{dt, M, cos, sin, mask, max_len, start, L, scale};
+    Buffers &bufs = layer_buffers;
     Scratch &sc = scratch;
+    bufs.reserve(*ly, M, dt, sc);
 #pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) rms_norm_row(x, ly->norm1, normed, dt, m, H, ly->eps);
-        matmul_team(*ly->qkv, normed, dt, M, qkv, sc);
-        attention_team(qkv, cos, sin, cache_k, cache_v, att, mask, dt, M, ly->heads, ly->kv_heads, ly->head_dim,
-                       max_len, start, L, scale);
-        matmul_team(*ly->o, att, dt, M, o, sc);
-#pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) {
-            for (int64_t i = (int64_t)m * H; i < (int64_t)(m + 1) * H; i++) store(out, dt, i, to_float(x, dt, i) + to_float(o, dt, i));
-            rms_norm_row(out, ly->norm2, normed, dt, m, H, ly->eps);
-        }
-        matmul_team(*ly->gate_up, normed, dt, M, gu, sc);
-        swiglu_team(gu, act, dt, M, I);
-        matmul_team(*ly->down, act, dt, M, down, sc);
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < (int64_t)M * H; i++) store(out, dt, i, to_float(out, dt, i) + to_float(down, dt, i));
+    layer_team(*ly, st, x, out, cache_k, cache_v, bufs, sc);
+}
+
+// The n decoder layers of a model in one team: x [M, H] through layers[0..n-1] into out, layer i's
+// KV cache at caches_k[i] / caches_v[i]. captures[i], where not null, receives layer i's input
+// (captures[n]: the last layer's output), for the methods that draft from the target's states.
+void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, void *out, void *const *captures,
+                             void *const *caches_k, void *const *caches_v, int dt, int M, const void *cos,
+                             const void *sin, const uint8_t *mask, int max_len, int start, int L, float scale,
+                             int threads) {
+    const Step st{dt, M, cos, sin, mask, max_len, start, L, scale};
+    const int64_t bytes = (int64_t)M * layers[0]->qkv->k * (dt == F32 ? 4 : 2);
+    Buffers &bufs = layer_buffers;
+    Scratch &sc = scratch;
+    for (int i = 0; i < n; i++) bufs.reserve(*layers[i], M, dt, sc);
+    std::vector<char> &between = layer_states;  // the states between layers, two in turn
+    between.resize(2 * bytes);
+#pragma omp parallel num_threads(threads)
+    for (int i = 0; i < n; i++) {
+        const void *in = i == 0 ? x : between.data() + (i - 1) % 2 * bytes;
+        void *to = i == n - 1 ? out : between.data() + i % 2 * bytes;
+#pragma omp single nowait
+        if (captures[i]) memcpy(captures[i], in, bytes);
+        layer_team(*layers[i], st, in, to, caches_k[i], caches_v[i], bufs, sc);
     }
+    if (captures[n]) memcpy(captures[n], out, bytes);
 }
 
 }  // extern "C"
