@@ -262,3 +262,18 @@ def test_joined_dense_projections_equal_each_linear_alone_bit_for_bit(dtype):
         for y, layer in zip(joint.split([64, 31, 33], dim=-1), layers):
             assert torch.equal(y, layer(x))
             assert close(y - (0 if layer.bias is None else layer.bias), x.double() @ layer.weight.double().t(), 1e-2)
+
+
+@needs_kernels
+def test_a_replaced_weight_or_module_is_multiplied_not_the_cached_one():
+    # Kernel arguments are built once per set of weights; loading or quantizing replaces them.
+    torch.manual_seed(11)
+    layers = [Linear(64, 32).requires_grad_(False) for _ in range(2)]
+    x = torch.randn(3, 64)
+    first = project(x, *layers)
+    layers[1].weight = torch.nn.Parameter(torch.randn(32, 64), requires_grad=False)
+    y = project(x, *layers)
+    assert torch.equal(y[:, :32], first[:, :32]) and not torch.equal(y[:, 32:], first[:, 32:])
+    assert close(y[:, 32:] - layers[1].bias, x.double() @ layers[1].weight.double().t())
+    layers[0] = Linear(64, 32).requires_grad_(False)
+    assert close(project(x, *layers)[:, :32] - layers[0].bias, x.double() @ layers[0].weight.double().t())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 
 import torch
 
@@ -139,12 +140,14 @@ def cached(owner, modules: list, build, deep: bool = False):
     store = owner.__dict__.setdefault("_speclite_cached", {})
     key = (deep, len(modules))
     found = store.get(key)
-    if (found is None or not all(a is b for a, b in zip(found[0], modules))
-            or not all(d.get(name) is t for d, name, t in found[1])):
+    # map/is_ keep the per-call check in C: it runs for every layer of every step.
+    if (found is None or not all(map(operator.is_, found[0], modules))
+            or not all(map(operator.is_, map(dict.get, found[1], found[2]), found[3]))):
         watched = [sub for m in modules for sub in m.modules()] if deep else modules
         held = [(d, name, t) for m in watched for d in (m._modules, m._parameters, m._buffers) for name, t in d.items()]
-        found = store[key] = (list(modules), held, build())
-    return found[2]
+        dicts, names, tensors = (list(column) for column in zip(*held)) if held else ([], [], [])
+        found = store[key] = (list(modules), dicts, names, tensors, build())
+    return found[4]
 
 
 def joined_bias(linears) -> torch.Tensor | None:

@@ -96,10 +96,12 @@ def decoder_layer(layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
 
 class Layers:
     """A model's decoder layers for decoder_layers: their Layer structs, an array of pointers to them,
-    and every module they were built from (to check for hooks)."""
+    and every module they were built from with its forward-hook dicts (filled in place when a hook
+    is registered: `any(hooks)` tells)."""
 
     def __init__(self, layers: list[Layer], modules: list):
         self.layers, self.modules = layers, modules
+        self.hooks = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)]
         self.array = (ctypes.POINTER(Layer) * len(layers))(*(ctypes.pointer(ly) for ly in layers))
 
 

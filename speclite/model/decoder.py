@@ -410,13 +410,24 @@ class Transformer(nn.Module):
             return None if None in built else cpu_layer_ops.Layers(built, [m for b in blocks for m in b.kernel_modules()])
 
         layers = cpu_gemm.cached(self, [blocks], build, deep=True)
-        if layers is None or hooked(layers.modules) or cpu_gemm.needs_grad(x, layers.modules):
+        if layers is None or any(layers.hooks) or cpu_gemm.needs_grad(x, layers.modules):
             return None
         return layers
 
+    def rope(self, pos: torch.Tensor, max_len: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope_tables for positions `pos` (< max_len). On the CPU, rows of tables computed once for
+        every position of the cache (the same numbers: each element is computed on its own); the six
+        ops per step cost more than the lookup there."""
+        if pos.device.type != "cpu":
+            return rope_tables(pos, self.inv_freq, self.rope_scale, dtype)
+        tables = self.__dict__.get("_rope_tables")
+        if tables is None or tables[0].shape[0] < max_len or tables[0].dtype != dtype:
+            tables = self._rope_tables = rope_tables(torch.arange(max_len), self.inv_freq, self.rope_scale, dtype)
+        return tables[0][pos], tables[1][pos]
+
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
         x = self.model.embed_tokens(tokens)
-        cos, sin = rope_tables(pos, self.inv_freq, self.rope_scale, x.dtype)
+        cos, sin = self.rope(pos, cache.max_len, x.dtype)
         fused = self.cpu_layers(x, cache)
         if fused is not None:
             x, layers = cpu_layer_ops.decoder_layers(fused, x, cos, sin, cache.layers,

@@ -76,19 +76,6 @@ void quantize_row(const void *x, int dt, int64_t m, int K, int Kp, int block, in
     }
 }
 
-// Calls tile(m0, mr, n0, nr) over this thread's columns, rows in cache-sized chunks.
-template <int MR, int NR, class Tile>
-void walk(int M, int n0, int n1, Tile tile) {
-    for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
-        const int c1 = std::min(c0 + ROW_CHUNK, M);
-        int n = n0;
-        for (; n + NR <= n1; n += NR)
-            for (int m = c0; m < c1; m += MR) tile(m, std::min(MR, c1 - m), n, NR);
-        for (; n < n1; n++)
-            for (int m = c0; m < c1; m += MR) tile(m, std::min(MR, c1 - m), n, 1);
-    }
-}
-
 inline void split(int N, int step, int threads, int t, int &n0, int &n1) {
     const int tiles = (N + step - 1) / step;
     n0 = (int)((int64_t)tiles * t / threads) * step;
@@ -245,9 +232,11 @@ struct Int8 {
         const int8_t *wc = w + ((int64_t)(n / 8) * nb * 8 + n % 8) * 32;
         __m256i acc[MR][2];
         for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+        const bool streams = m0 % ROW_CHUNK == 0 && n % 8 == 0;  // the first tile reads the group from memory
         for (int b = 0; b < nb; b++) {
-            if (n % 8 == 0)  // the group's other columns follow: fetch the rest of the block now
-                for (int line = 64; line < 256; line += 64) _mm_prefetch((const char *)(wc + (int64_t)b * 256 + line), _MM_HINT_T0);
+            if (streams)  // the group's other columns follow: fetch the rest of the block, and ahead
+                for (int line = 64; line < 512; line += 64)
+                    _mm_prefetch((const char *)(wc + (int64_t)b * 256 + (line < 256 ? line : 2 * PREFETCH + line - 256)), _MM_HINT_T0);
             const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wc + (int64_t)b * 256));
             const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wc + (int64_t)b * 256 + 32));
             for (int i = 0; i < MR; i++) {
@@ -307,10 +296,11 @@ struct Dense {
             tile_of<MR, NR, F32>(m0, n0, step);
     }
 
-    // The weights' dtype a constant: no branch in the inner loop. Only the one-row tile prefetches:
-    // many rows reuse weights already in cache.
+    // The weights' dtype a constant: no branch in the inner loop. Only the first tile of a row chunk
+    // prefetches: it streams the weights from memory, the chunk's other tiles find them in cache.
     template <int MR, int NR, int WDT>
     void tile_of(int m0, int n0, int step) const {
+        const bool streams = m0 % ROW_CHUNK == 0;
         __m256 acc[MR][NR];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
@@ -319,7 +309,7 @@ struct Dense {
             __m256 wv[NR];
             for (int j = 0; j < NR; j++) {
                 const int64_t at = (int64_t)(n0 + j * step) * K + k;
-                if (MR == 1 && k % 32 == 0) _mm_prefetch((const char *)w + at * (WDT == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
+                if (streams && k % 32 == 0) _mm_prefetch((const char *)w + at * (WDT == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
                 wv[j] = load8(w, WDT, at);
             }
             for (int i = 0; i < MR; i++) {
@@ -336,34 +326,46 @@ struct Dense {
     }
 };
 
-// Instantiates kernel.tile<mr, nr> for the run-time tile size (mr <= MR, nr in {1, NR}).
+// Instantiates kernel.tile<mr, nr> for the run-time tile size (mr <= MR, nr in {1, NR}), columns
+// n + j * step.
 template <int MR, int NR, class K>
-inline void dispatch(const K &k, int m, int mr, int n, int nr) {
+inline void dispatch(const K &k, int m, int mr, int n, int nr, int step) {
     if constexpr (MR > 1) {
-        if (mr < MR) return dispatch<MR - 1, NR>(k, m, mr, n, nr);
+        if (mr < MR) return dispatch<MR - 1, NR>(k, m, mr, n, nr, step);
     }
     if constexpr (NR > 1) {
-        if (nr < NR) return dispatch<MR, 1>(k, m, mr, n, nr);
+        if (nr < NR) return dispatch<MR, 1>(k, m, mr, n, nr, step);
     }
-    k.template tile<MR, NR>(m, n);
+    k.template tile<MR, NR>(m, n, step);
 }
 
-// Many rows want weights reused across rows (4 x 3 tiles: measured best of 4x2, 4x3, 3x4, 5x2).
-// One row wants several columns in flight: each tile takes one column from each quarter of the
-// range, so a thread reads four long sequential streams (consecutive weight rows are adjacent) instead of four short interleaved ones
-// the prefetchers lose track of. Tiles only share loads: the numbers are those of any other tiling.
+// A tile takes one column from each of NR equal parts of the thread's range, so the thread reads NR
+// long sequential weight streams (consecutive weight rows are adjacent) instead of NR short
+// interleaved ones the prefetchers lose track of. One row: 4 columns in flight. Many rows: 4 x 3
+// tiles (measured best of 4x2, 4x3, 3x4, 5x2), each chunk of rows reusing the weights its first
+// tile streamed in. Tiles only share loads: the numbers are those of any other tiling.
+template <int MR, int NR>
+inline void run_parts(const Dense &k, int M, int n0, int n1) {
+    const int q = (n1 - n0 + NR - 1) / NR;
+    for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
+        const int c1 = std::min(c0 + ROW_CHUNK, M);
+        for (int i = 0; i < q; i++) {
+            const bool whole = n0 + i + (NR - 1) * q < n1;
+            for (int m = c0; m < c1; m += MR) {
+                if (whole)
+                    dispatch<MR, NR>(k, m, std::min(MR, c1 - m), n0 + i, NR, q);
+                else
+                    for (int n = n0 + i; n < n1; n += q) dispatch<MR, NR>(k, m, std::min(MR, c1 - m), n, 1, q);
+            }
+        }
+    }
+}
+
 inline void run_columns(const Dense &k, int M, int n0, int n1) {
-    if (M > 1) {
-        walk<4, 3>(M, n0, n1, [&](int m, int mr, int n, int nr) { dispatch<4, 3>(k, m, mr, n, nr); });
-        return;
-    }
-    const int q = (n1 - n0 + 3) / 4;
-    for (int i = 0; i < q; i++) {
-        if (n0 + i + 3 * q < n1)
-            k.tile<1, 4>(0, n0 + i, q);
-        else
-            for (int n = n0 + i; n < n1; n += q) k.tile<1, 1>(0, n);
-    }
+    if (M == 1)
+        run_parts<1, 4>(k, M, n0, n1);
+    else
+        run_parts<4, 3>(k, M, n0, n1);
 }
 
 
