@@ -55,17 +55,42 @@ inline void rms_norm_row(const void *x, const void *weight, void *y, int dt, int
     for (i = 0; i < H; i++) store(y, dt, row + i, to_float(weight, dt, i) * round_to(dt, to_float(x, dt, row + i) * r));
 }
 
+// e^x for 8 values within ~2 ulp: e^x = 2^n e^r, n = round(x / ln 2), r = x - n ln 2 (ln 2 in two
+// parts), e^r by Cephes' degree-7 polynomial on |r| <= ln 2 / 2. x is clamped to [-87, 88] (the
+// results stay normal and finite). Vectorized, prefill's SwiGLU no longer waits on scalar exp.
+inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
 // y [M, I] = round(silu(gate)) * up, rounded, for gate_up [M, 2I] (gate columns, then up), as torch's
-// F.silu(gate) * up computes it in the dtype. The team splits the rows' columns in chunks.
+// F.silu(gate) * up rounds it in the dtype. The team splits the rows' columns in chunks. Column i's
+// arithmetic depends on i alone (exp8 for the columns below I rounded down to 8, std::exp above).
 inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I) {
     constexpr int CHUNK = 256;
-    const int chunks = (I + CHUNK - 1) / CHUNK;
+    const int chunks = (I + CHUNK - 1) / CHUNK, I8 = I & ~7;
 #pragma omp for schedule(static)
     for (int task = 0; task < M * chunks; task++) {
         const int m = task / chunks, i1 = std::min(I, (task % chunks + 1) * CHUNK);
-        for (int i = task % chunks * CHUNK; i < i1; i++) {
-            const float g = to_float(gate_up, dt, (int64_t)m * 2 * I + i), u = to_float(gate_up, dt, (int64_t)m * 2 * I + I + i);
-            store(y, dt, (int64_t)m * I + i, round_to(dt, g / (1.f + std::exp(-g))) * u);
+        const int64_t gate = (int64_t)m * 2 * I, up = gate + I, out = (int64_t)m * I;
+        int i = task % chunks * CHUNK;
+        for (; i + 8 <= std::min(i1, I8); i += 8) {
+            const __m256 g = load8(gate_up, dt, gate + i);
+            alignas(32) float silu[8];
+            _mm256_store_ps(silu, _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)))));
+            for (int l = 0; l < 8; l++) store(y, dt, out + i + l, round_to(dt, silu[l]) * to_float(gate_up, dt, up + i + l));
+        }
+        for (; i < i1; i++) {
+            const float g = to_float(gate_up, dt, gate + i);
+            store(y, dt, out + i, round_to(dt, g / (1.f + std::exp(-g))) * to_float(gate_up, dt, up + i));
         }
     }
 }
