@@ -1,4 +1,4 @@
-"""speclite's AVX2 CPU matrix products (kernels/cpu/gemm_avx2.cpp): int4, int8 (W8A8) and bf16/f16.
+"""speclite's AVX2 CPU matrix products (kernels/cpu/gemm_avx2.h): int4, int8 (W8A8) and fp32/bf16/f16.
 
 One C call per matmul, any number of rows (decode, k+1 verification and prefill take the same
 kernel), threads from torch.get_num_threads(). Weights are repacked once at load (pack_int4,
@@ -38,7 +38,7 @@ def takes(x: torch.Tensor) -> bool:
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int):
     """Values q [N, K] (0..15, columns in group order), scales [G, N], zeros [G, N] with
     w = (q - zero) * scale per group of `group` (a multiple of 32) consecutive columns, into the
-    kernel's layout (gemm_avx2.cpp, Int4): per 8 columns (N padded with zero columns) and 32-block,
+    kernel's layout (gemm_avx2.h, Int4): per 8 columns (N padded with zero columns) and 32-block,
     128 bytes of nibbles; scales fp16 and zeros uint8 [N / 8, G, 8]."""
     n, k = q.shape
     ng, nb = -(-n // 8), -(-k // 32)
