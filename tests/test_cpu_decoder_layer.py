@@ -55,6 +55,13 @@ def test_fused_layer_equals_the_modules_bit_for_bit(model_dirs, family, dtype, q
         for h in hooks:
             h.remove()
         assert isinstance(model.cpu_layers(x, model.new_cache(4)), cpu_layer_ops.Layers)
+        # A hook on a block or on a container inside it fires too (the model leaves the one call).
+        seen = []
+        for module in (model.model.layers[1], model.model.layers[1].mlp):
+            hook = module.register_forward_pre_hook(lambda m, args: seen.append(m))
+            run_steps(model)
+            hook.remove()
+        assert seen.count(model.model.layers[1]) == 3 and seen.count(model.model.layers[1].mlp) == 3
     assert len(whole) == len(modules) == len(per_layer)
     for a, b, c in zip(whole, per_layer, modules):
         assert torch.equal(a, c) and torch.equal(b, c)

@@ -284,7 +284,8 @@ class Block(nn.Module):
         if not self.cpu_layer_applies(x, layer_cache[0]):
             return None
         modules = self.kernel_modules()
-        if hooked(modules) or cpu_gemm.needs_grad(x, modules):
+        # A hook anywhere inside would never fire in the one call (the block's own already ran).
+        if hooked([self.self_attn, self.mlp, *modules]) or cpu_gemm.needs_grad(x, modules):
             return None
         return cpu_gemm.cached(self, modules, lambda: self.build_cpu_layer(x))
 
@@ -407,7 +408,8 @@ class Transformer(nn.Module):
 
         def build():
             built = [b.build_cpu_layer(x) if b.cpu_layer_applies(x, cache.layers[0][0]) else None for b in blocks]
-            return None if None in built else cpu_layer_ops.Layers(built, [m for b in blocks for m in b.kernel_modules()])
+            # Every module of every block, the blocks included: a hook on any of them must fire.
+            return None if None in built else cpu_layer_ops.Layers(built, [m for b in blocks for m in b.modules()])
 
         layers = cpu_gemm.cached(self, [blocks], build, deep=True)
         if layers is None or any(layers.hooks) or cpu_gemm.needs_grad(x, layers.modules):
