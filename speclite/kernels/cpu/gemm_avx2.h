@@ -403,6 +403,22 @@ inline void reserve(Scratch &sc, const Matrices &mt, int M) {
     grow(sc.s, (size_t)M * nb);
 }
 
+// For the packed formats (8 columns per group): run(p, y0, a, b) on the groups [a, b) of part p
+// (its output columns from y0) within thread t's share of all the parts' groups, then the bias.
+template <class Run>
+inline void in_groups(const Matrices &mt, void *y, int dt, int M, int T, int t, Run run) {
+    int groups = 0;
+    for (int p = 0; p < mt.parts; p++) groups += (mt.ns[p] + 7) / 8;
+    int g0, g1;
+    split(groups, 1, T, t, g0, g1);
+    for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += (mt.ns[p] + 7) / 8, y0 += mt.ns[p++]) {
+        const int a = std::max(g0, first) - first, b = std::min(g1, first + (mt.ns[p] + 7) / 8) - first;
+        if (a >= b) continue;
+        run(p, y0, a, b);
+        if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * 8, y0 + std::min(b * 8, mt.ns[p]));
+    }
+}
+
 // y [M, n] = x [M, k] @ [W_0; W_1; ...]^T (+ bias), run by every thread of the current team (a
 // single thread outside one). `sc` is one scratch shared by the team, reserved for these matrices
 // and M. Ends in a barrier: y is whole.
@@ -421,34 +437,20 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
                 sc.b[(int64_t)m * G + g] = s;
             }
         }
-        int groups = 0;
-        for (int p = 0; p < mt.parts; p++) groups += (mt.ns[p] + 7) / 8;
-        int g0, g1;
-        split(groups, 1, T, t, g0, g1);
-        for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += (mt.ns[p] + 7) / 8, y0 += mt.ns[p++]) {
-            const int a = std::max(g0, first) - first, b = std::min(g1, first + (mt.ns[p] + 7) / 8) - first;
-            if (a >= b) continue;
+        in_groups(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
             const Int4 k4{sc.q.data(), sc.a.data(), sc.b.data(), (const uint8_t *)mt.w[p], (const uint16_t *)mt.scales[p],
                           (const uint8_t *)mt.zeros[p], y, dt, mt.ns[p], Kp, nb, G, bpg, mt.n, y0};
             k4.run(M, a, b);
-            if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * 8, y0 + std::min(b * 8, mt.ns[p]));
-        }
+        });
     } else if (mt.kind == INT8) {
         const int Kp = (K + 31) / 32 * 32;
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
-        int groups = 0;
-        for (int p = 0; p < mt.parts; p++) groups += (mt.ns[p] + 7) / 8;
-        int g0, g1;
-        split(groups, 1, T, t, g0, g1);
-        for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += (mt.ns[p] + 7) / 8, y0 += mt.ns[p++]) {
-            const int a = std::max(g0, first) - first, b = std::min(g1, first + (mt.ns[p] + 7) / 8) - first;
-            if (a >= b) continue;
+        in_groups(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
             const Int8 k8{sc.q.data(), sc.a.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt, mt.ns[p],
                           Kp, mt.n, y0};
             k8.run(M, a, b);
-            if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * 8, y0 + std::min(b * 8, mt.ns[p]));
-        }
+        });
     } else {
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
