@@ -1,5 +1,5 @@
 """Every decoder layer of a model in one C call (cpu_layer_ops.decoder_layers), or one layer per call
-(decoder_layer), gives the numbers of the same layers run module by module (norms, joined
+(Block.cpu_layer), gives the numbers of the same layers run module by module (norms, joined
 projections, attention, residuals), bit for bit: logits, KV cache and the hidden states a drafter
 asks for, in a prefill, a decode step and a token tree under its mask, dense and quantized, with and
 without q/k/v biases."""
@@ -48,7 +48,7 @@ def test_fused_layer_equals_the_modules_bit_for_bit(model_dirs, family, dtype, q
         # the other blocks run one call each. Hooks on every block: all on their modules.
         hooks = [block.self_attn.o_proj.register_forward_hook(lambda *_: None)]
         assert model.cpu_layers(x, model.new_cache(4)) is None and block.cpu_layer(x, model.new_cache(4).layers[0]) is None
-        assert isinstance(model.model.layers[1].cpu_layer(x, model.new_cache(4).layers[1]), cpu_layer_ops.Layer)
+        assert isinstance(model.model.layers[1].cpu_layer(x, model.new_cache(4).layers[1]), cpu_layer_ops.Layers)
         per_layer = run_steps(model)
         hooks += [b.self_attn.o_proj.register_forward_hook(lambda *_: None) for b in model.model.layers[1:]]
         modules = run_steps(model)

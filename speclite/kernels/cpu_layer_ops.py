@@ -65,7 +65,7 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
 
 
 class Layer(ctypes.Structure):
-    """One decoder block for decoder_layer: its four products (cpu_gemm.Matrices: q/k/v joined, o,
+    """One decoder block for decoder_layers: its four products (cpu_gemm.Matrices: q/k/v joined, o,
     gate/up joined, down), its two RMSNorm weights (the activations' dtype) and its attention shape.
     Mirrors struct Layer in layer_ops_avx2.cpp."""
 
@@ -80,24 +80,10 @@ class Layer(ctypes.Structure):
         self.keep = (mats, norms)  # what the pointers point at lives as long as this
 
 
-def decoder_layer(layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
-                  cache_v: torch.Tensor, start: int, keys: int, mask: torch.Tensor | None) -> torch.Tensor:
-    """The decoder block on x [t, H]: the same numbers as its modules one by one (attention as
-    attention() above: cache written at start.., keys 0..keys-1, mask [t, keys] or causal)."""
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    mask = None if mask is None else mask.to(torch.uint8).contiguous()
-    _library().speclite_decoder_layer(
-        ctypes.byref(layer), x.data_ptr(), out.data_ptr(), DTYPES[x.dtype], x.shape[0], cos.data_ptr(), sin.data_ptr(),
-        cache_k.data_ptr(), cache_v.data_ptr(), None if mask is None else mask.data_ptr(), cache_k.shape[1], start,
-        keys, layer.head_dim ** -0.5, torch.get_num_threads())
-    return out
-
-
 class Layers:
-    """A model's decoder layers for decoder_layers: their Layer structs, an array of pointers to them,
-    and every module they were built from with its forward-hook dicts (filled in place when a hook
-    is registered: `any(hooks)` tells)."""
+    """Decoder layers for decoder_layers (a model's, or one block's): their Layer structs, an array of
+    pointers to them, and every module they were built from with its forward-hook dicts (filled in
+    place when a hook is registered: `any(hooks)` tells)."""
 
     def __init__(self, layers: list[Layer], modules: list):
         self.layers, self.modules = layers, modules
@@ -107,9 +93,10 @@ class Layers:
 
 def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layers,
                    start: int, keys: int, mask: torch.Tensor | None, wants: tuple[int, ...] = ()):
-    """x [t, H] through every decoder layer in one call and one thread team: the output and
-    {i: layer i's input} for i in `wants` (i = the number of layers: the last one's output), the
-    same numbers as decoder_layer one layer at a time."""
+    """x [t, H] through every layer in one call and one thread team, the same numbers as their modules
+    one by one (attention as attention() above: cache written at start.., keys 0..keys-1, mask
+    [t, keys] or causal): the output and {i: layer i's input} for i in `wants` (i = the number of
+    layers: the last one's output)."""
     x = x.contiguous()
     n = len(layers.layers)
     out = torch.empty_like(x)
@@ -132,6 +119,5 @@ def _library():
         "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
         "speclite_swiglu": [_P, _P, _I, _I, _I],
         "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
-        "speclite_decoder_layer": [_P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _F, _I],
         "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F, _I],
     })

@@ -273,12 +273,12 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, layer_cache, start, mask):
         fused = self.cpu_layer(x, layer_cache)
         if fused is not None:
-            return cpu_layer_ops.decoder_layer(fused, x, cos, sin, *layer_cache, *attended(start, x.shape[0], layer_cache[0]),
-                                               mask)
+            return cpu_layer_ops.decoder_layers(fused, x, cos, sin, [layer_cache],
+                                                *attended(start, x.shape[0], layer_cache[0]), mask)[0]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def cpu_layer(self, x: torch.Tensor, layer_cache) -> cpu_layer_ops.Layer | None:
+    def cpu_layer(self, x: torch.Tensor, layer_cache) -> cpu_layer_ops.Layers | None:
         """The whole block as one C call and one thread team (built once), where the CPU kernels take
         every part of it (cpu_layer_applies, build_cpu_layer) and no hook or gradient wants its modules."""
         if not self.cpu_layer_applies(x, layer_cache[0]):
@@ -287,7 +287,12 @@ class Block(nn.Module):
         # A hook anywhere inside would never fire in the one call (the block's own already ran).
         if hooked([self.self_attn, self.mlp, *modules]) or cpu_gemm.needs_grad(x, modules):
             return None
-        return cpu_gemm.cached(self, modules, lambda: self.build_cpu_layer(x))
+
+        def build():
+            layer = self.build_cpu_layer(x)
+            return None if layer is None else cpu_layer_ops.Layers([layer], modules)
+
+        return cpu_gemm.cached(self, modules, build)
 
     def cpu_layer_applies(self, x: torch.Tensor, cache_k: torch.Tensor) -> bool:
         """x, the cache and the norms of one dtype the kernels take; no q/k norms."""
@@ -412,7 +417,7 @@ class Transformer(nn.Module):
             return None if None in built else cpu_layer_ops.Layers(built, [m for b in blocks for m in b.modules()])
 
         layers = cpu_gemm.cached(self, [blocks], build, deep=True)
-        if layers is None or any(layers.hooks) or cpu_gemm.needs_grad(x, layers.modules):
+        if layers is None or any(layers.hooks) or cpu_gemm.needs_grad(x, [blocks]):
             return None
         return layers
 

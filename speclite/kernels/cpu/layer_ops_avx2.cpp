@@ -1,6 +1,6 @@
 // The decoder's layer work (layer_ops_avx2.h) as C entry points: RMSNorm, SwiGLU and attention one
-// call each, and a whole decoder layer (norms, the four products of gemm_avx2.h, attention,
-// residuals) in one call and one thread team, so a decode step forks once per layer, not ten times.
+// call each, and whole decoder layers (norms, the four products of gemm_avx2.h, attention,
+// residuals) in one call and one thread team, so a decode step forks once, not ten times a layer.
 #include "gemm_avx2.h"
 #include "layer_ops_avx2.h"
 
@@ -42,7 +42,7 @@ struct Buffers {
 thread_local Buffers layer_buffers;         // the caller's: the team shares them
 thread_local std::vector<char> layer_states;
 
-// One layer, run by every thread of a team (see speclite_decoder_layer). Ends in a barrier.
+// One layer, run by every thread of a team (see speclite_decoder_layers). Ends in a barrier.
 inline void layer_team(const Layer &ly, const Step &st, const void *x, void *out, void *cache_k, void *cache_v,
                        const Buffers &bufs, Scratch &sc) {
     const int dt = st.dt, M = st.M, H = (int)bufs.H, I = (int)(bufs.G / 2);
@@ -86,23 +86,12 @@ void speclite_attention(const void *qkv, const void *cos, const void *sin, void 
     attention_team(qkv, cos, sin, cache_k, cache_v, out, mask, dt, t, H, Hkv, d, max_len, start, L, scale);
 }
 
-// out [M, H] = the decoder layer on x [M, H]: h = x + o(attention(qkv(norm1(x)))), out = h +
-// down(swiglu(gate_up(norm2(h)))), each product and sum rounded to the dtype as the torch modules
-// round them, so the result equals the module-by-module path bit for bit. Attention as
-// speclite_attention (cache write at start.., keys 0..L-1, mask or causal).
-void speclite_decoder_layer(const Layer *ly, const void *x, void *out, int dt, int M, const void *cos, const void *sin,
-                            void *cache_k, void *cache_v, const uint8_t *mask, int max_len, int start, int L,
-                            float scale, int threads) {
-    const Step st{dt, M, cos, sin, mask, max_len, start, L, scale};
-    Buffers &bufs = layer_buffers;
-    Scratch &sc = scratch;
-    bufs.reserve(*ly, M, dt, sc);
-#pragma omp parallel num_threads(threads)
-    layer_team(*ly, st, x, out, cache_k, cache_v, bufs, sc);
-}
-
-// The n decoder layers of a model in one team: x [M, H] through layers[0..n-1] into out, layer i's
-// KV cache at caches_k[i] / caches_v[i]. captures[i], where not null, receives layer i's input
+// The n decoder layers of a model (or one block, n = 1) in one team: x [M, H] through
+// layers[0..n-1] into out, layer i's KV cache at caches_k[i] / caches_v[i]. A layer is h = x +
+// o(attention(qkv(norm1(x)))), out = h + down(swiglu(gate_up(norm2(h)))), each product and sum
+// rounded to the dtype as the torch modules round them, so the result equals the module-by-module
+// path bit for bit; attention as speclite_attention (cache write at start.., keys 0..L-1, mask or
+// causal). captures[i], where not null, receives layer i's input
 // (captures[n]: the last layer's output), for the methods that draft from the target's states.
 void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, void *out, void *const *captures,
                              void *const *caches_k, void *const *caches_v, int dt, int M, const void *cos,
