@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speclite.kernels import cpu_layer_ops
+from speclite.kernels import cpu_gemm, cpu_layer_ops
 from speclite.model.loader import load_model
 from speclite.model.step import Tree, Wants
 from speclite.quant.quantize import quantize_model
@@ -27,7 +27,10 @@ def run_steps(model):
     steps.append(model.step(torch.randint(0, vocab, (1,), generator=g), cache, wants=wants))
     tree = Tree.of([-1, 0, 0, 1], "cpu")
     steps.append(model.step(torch.randint(0, vocab, (5,), generator=g), cache, tree=tree, wants=wants))
-    states = [t for s in steps for t in (s.logits, s.final, *s.layers.values())]
+    # As plain decoding asks: the last row's logits of a prefill, then a step's; no states.
+    steps.append(model.step(torch.randint(0, vocab, (4,), generator=g), cache, 1))
+    steps.append(model.step(torch.randint(0, vocab, (1,), generator=g), cache))
+    states = [t for s in steps for t in (s.logits, s.final, *s.layers.values()) if t is not None]
     return states + [t[:, :, :cache.length].clone() for layer in cache.layers for t in layer]
 
 
@@ -43,7 +46,10 @@ def test_fused_layer_equals_the_modules_bit_for_bit(model_dirs, family, dtype, q
     x = torch.randn(1, model.args.hidden_size).to(dtype)
     with torch.inference_mode():
         whole = run_steps(model)
-        assert isinstance(model.cpu_layers(x, model.new_cache(4)), cpu_layer_ops.Layers)
+        fused = model.cpu_layers(x, model.new_cache(4))
+        assert isinstance(fused, cpu_layer_ops.Layers)
+        # The final norm and the head run in the same call wherever the kernels take the head.
+        assert (fused.head is not None) == (cpu_gemm.module_matrices(x, [model.lm_head]) is not None)
         # A hook on one linear keeps the model off the one-call path and that block on its modules;
         # the other blocks run one call each. Hooks on every block: all on their modules.
         hooks = [block.self_attn.o_proj.register_forward_hook(lambda *_: None)]
@@ -55,13 +61,15 @@ def test_fused_layer_equals_the_modules_bit_for_bit(model_dirs, family, dtype, q
         for h in hooks:
             h.remove()
         assert isinstance(model.cpu_layers(x, model.new_cache(4)), cpu_layer_ops.Layers)
-        # A hook on a block or on a container inside it fires too (the model leaves the one call).
+        # A hook on a block, on a container inside it, on the final norm or on the head fires too
+        # (the model leaves the one call).
         seen = []
-        for module in (model.model.layers[1], model.model.layers[1].mlp):
+        watched = (model.model.layers[1], model.model.layers[1].mlp, model.model.norm, model.lm_head)
+        for module in watched:
             hook = module.register_forward_pre_hook(lambda m, args: seen.append(m))
             run_steps(model)
             hook.remove()
-        assert seen.count(model.model.layers[1]) == 3 and seen.count(model.model.layers[1].mlp) == 3
+        assert [seen.count(m) for m in watched] == [5] * len(watched)
     assert len(whole) == len(modules) == len(per_layer)
     for a, b, c in zip(whole, per_layer, modules):
         assert torch.equal(a, c) and torch.equal(b, c)

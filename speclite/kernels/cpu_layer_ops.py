@@ -80,26 +80,42 @@ class Layer(ctypes.Structure):
         self.keep = (mats, norms)  # what the pointers point at lives as long as this
 
 
+class Head(ctypes.Structure):
+    """A model's final RMSNorm (weight of the activations' dtype) and its lm_head (cpu_gemm.Matrices),
+    run by decoder_layers after the last layer. Mirrors struct Head in layer_ops_avx2.cpp."""
+
+    _fields_ = [("mats", ctypes.POINTER(Matrices)), ("norm", _P), ("eps", _F)]
+
+    def __init__(self, mats: Matrices, norm: torch.Tensor, eps: float):
+        super().__init__(ctypes.pointer(mats), norm.data_ptr(), eps)
+        self.keep = (mats, norm)
+
+
 class Layers:
     """Decoder layers for decoder_layers (a model's, or one block's): their Layer structs, an array of
-    pointers to them, and every module they were built from with its forward-hook dicts (filled in
-    place when a hook is registered: `any(hooks)` tells)."""
+    pointers to them, the model's Head if it runs in the same call, and every module they were built
+    from with its forward-hook dicts (filled in place when a hook is registered: `any(hooks)` tells)."""
 
-    def __init__(self, layers: list[Layer], modules: list):
-        self.layers, self.modules = layers, modules
+    def __init__(self, layers: list[Layer], modules: list, head: Head | None = None):
+        self.layers, self.modules, self.head = layers, modules, head
         self.hooks = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)]
         self.array = (ctypes.POINTER(Layer) * len(layers))(*(ctypes.pointer(ly) for ly in layers))
 
 
 def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layers,
-                   start: int, keys: int, mask: torch.Tensor | None, wants: tuple[int, ...] = ()):
+                   start: int, keys: int, mask: torch.Tensor | None, wants: tuple[int, ...] = (),
+                   logit_rows: int = 0, final: bool = False):
     """x [t, H] through every layer in one call and one thread team, the same numbers as their modules
     one by one (attention as attention() above: cache written at start.., keys 0..keys-1, mask
-    [t, keys] or causal): the output and {i: layer i's input} for i in `wants` (i = the number of
-    layers: the last one's output)."""
+    [t, keys] or causal): the output, {i: layer i's input} for i in `wants` (i = the number of
+    layers: the last one's output), and, where `layers.head` is set, (the final normed state of
+    every row if `final` else None, the logits of the last `logit_rows` rows), else None."""
     x = x.contiguous()
     n = len(layers.layers)
     out = torch.empty_like(x)
+    head = layers.head
+    normed = torch.empty_like(x) if head is not None and final else None
+    logits = torch.empty(logit_rows, head.mats.contents.n, dtype=x.dtype) if head is not None else None
     captured = {i: torch.empty_like(x) for i in wants}
     captures = (_P * (n + 1))(*(captured[i].data_ptr() if i in captured else None for i in range(n + 1)))
     caches_k = (_P * n)(*(k.data_ptr() for k, _ in cache_layers))
@@ -109,8 +125,9 @@ def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torc
     _library().speclite_decoder_layers(
         layers.array, n, x.data_ptr(), out.data_ptr(), captures, caches_k, caches_v, DTYPES[x.dtype], x.shape[0],
         cos.data_ptr(), sin.data_ptr(), None if mask is None else mask.data_ptr(), cache_layers[0][0].shape[1],
-        start, keys, first.head_dim ** -0.5, torch.get_num_threads())
-    return out, captured
+        start, keys, first.head_dim ** -0.5, head, logit_rows, None if normed is None else normed.data_ptr(),
+        None if logits is None else logits.data_ptr(), torch.get_num_threads())
+    return out, captured, None if head is None else (normed, logits)
 
 
 @functools.cache
@@ -119,5 +136,6 @@ def _library():
         "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
         "speclite_swiglu": [_P, _P, _I, _I, _I],
         "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
-        "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F, _I],
+        "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
+                                    ctypes.POINTER(Head), _I, _P, _P, _I],
     })

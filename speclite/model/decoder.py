@@ -405,19 +405,24 @@ class Transformer(nn.Module):
         return self._run(tokens, pos, cache, slots, mask, None, wants)
 
     def cpu_layers(self, x: torch.Tensor, cache: KVCache) -> cpu_layer_ops.Layers | None:
-        """Every block as one C call and one thread team (built once; hooks and gradients checked per
-        call), where each block's own CPU layer applies."""
-        blocks = self.model.layers
+        """Every block, and the final norm and lm_head where the kernels take them, as one C call and
+        one thread team (built once; hooks and gradients checked per call), where each block's own
+        CPU layer applies."""
+        blocks, norm, head = self.model.layers, self.model.norm, self.lm_head
         if not blocks[0].cpu_layer_applies(x, cache.layers[0][0]):
             return None
 
         def build():
             built = [b.build_cpu_layer(x) if b.cpu_layer_applies(x, cache.layers[0][0]) else None for b in blocks]
-            # Every module of every block, the blocks included: a hook on any of them must fire.
-            return None if None in built else cpu_layer_ops.Layers(built, [m for b in blocks for m in b.modules()])
+            if None in built:
+                return None
+            mats = cpu_gemm.module_matrices(x, [head]) if norm.weight.dtype == x.dtype else None
+            # Every module of every block, the blocks included, and the head's: a hook on any of them must fire.
+            return cpu_layer_ops.Layers(built, [m for b in blocks for m in b.modules()] + [norm, head],
+                                        None if mats is None else cpu_layer_ops.Head(mats, norm.weight, norm.eps))
 
-        layers = cpu_gemm.cached(self, [blocks], build, deep=True)
-        if layers is None or any(layers.hooks) or cpu_gemm.needs_grad(x, [blocks]):
+        layers = cpu_gemm.cached(self, [blocks, norm, head], build, deep=True)
+        if layers is None or any(layers.hooks) or cpu_gemm.needs_grad(x, [blocks, norm, head]):
             return None
         return layers
 
@@ -437,8 +442,12 @@ class Transformer(nn.Module):
         cos, sin = self.rope(pos, cache.max_len, x.dtype)
         fused = self.cpu_layers(x, cache)
         if fused is not None:
-            x, layers = cpu_layer_ops.decoder_layers(fused, x, cos, sin, cache.layers,
-                                                     *attended(start, x.shape[0], cache.layers[0][0]), mask, wants.layers)
+            rows = min(num_logits, x.shape[0]) if num_logits else x.shape[0]  # as normed[-num_logits:] below
+            x, layers, head = cpu_layer_ops.decoder_layers(fused, x, cos, sin, cache.layers,
+                                                           *attended(start, x.shape[0], cache.layers[0][0]), mask,
+                                                           wants.layers, rows, wants.final)
+            if head is not None:  # the final norm and the logits came out of the same call
+                return Step(head[1], head[0], layers)
         else:
             layers = {}
             for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):

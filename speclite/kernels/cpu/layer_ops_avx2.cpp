@@ -15,6 +15,14 @@ struct Layer {
     int heads, kv_heads, head_dim;
 };
 
+// The final RMSNorm and the output head (lm_head), run after the last layer in the same team.
+// Mirrored by cpu_layer_ops.Head.
+struct Head {
+    const Matrices *mats;
+    const void *norm;  // [H] in the activations' dtype
+    float eps;
+};
+
 // One forward's shape and attention span, the same for every layer.
 struct Step {
     int dt, M;
@@ -93,24 +101,38 @@ void speclite_attention(const void *qkv, const void *cos, const void *sin, void 
 // path bit for bit; attention as speclite_attention (cache write at start.., keys 0..L-1, mask or
 // causal). captures[i], where not null, receives layer i's input
 // (captures[n]: the last layer's output), for the methods that draft from the target's states.
+// With a head, the same team then norms the output and multiplies its last R rows by the head into
+// logits [R, V], as the model's final norm and lm_head modules would; `normed`, where not null,
+// receives every row's normed state (all M rows are normed then), else only the R rows are.
 void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, void *out, void *const *captures,
                              void *const *caches_k, void *const *caches_v, int dt, int M, const void *cos,
                              const void *sin, const uint8_t *mask, int max_len, int start, int L, float scale,
-                             int threads) {
+                             const Head *head, int R, void *normed, void *logits, int threads) {
     const Step st{dt, M, cos, sin, mask, max_len, start, L, scale};
     const int64_t bytes = (int64_t)M * layers[0]->qkv->k * (dt == F32 ? 4 : 2);
     Buffers &bufs = layer_buffers;
     Scratch &sc = scratch;
     for (int i = 0; i < n; i++) bufs.reserve(*layers[i], M, dt, sc);
+    if (head) ::reserve(sc, *head->mats, R);
     std::vector<char> &between = layer_states;  // the states between layers, two in turn
     between.resize(2 * bytes);
 #pragma omp parallel num_threads(threads)
-    for (int i = 0; i < n; i++) {
-        const void *in = i == 0 ? x : between.data() + (i - 1) % 2 * bytes;
-        void *to = i == n - 1 ? out : between.data() + i % 2 * bytes;
+    {
+        for (int i = 0; i < n; i++) {
+            const void *in = i == 0 ? x : between.data() + (i - 1) % 2 * bytes;
+            void *to = i == n - 1 ? out : between.data() + i % 2 * bytes;
 #pragma omp single nowait
-        if (captures[i]) memcpy(captures[i], in, bytes);
-        layer_team(*layers[i], st, in, to, caches_k[i], caches_v[i], bufs, sc);
+            if (captures[i]) memcpy(captures[i], in, bytes);
+            layer_team(*layers[i], st, in, to, caches_k[i], caches_v[i], bufs, sc);
+        }
+        if (head) {
+            // The layers' normed-input buffer is free now (row m of it holds row m's state).
+            char *to = normed ? (char *)normed : bufs.data.data();
+            const int H = (int)bufs.H;
+#pragma omp for schedule(static)
+            for (int m = normed ? 0 : M - R; m < M; m++) rms_norm_row(out, head->norm, to, dt, m, H, head->eps);
+            matmul_team(*head->mats, to + bytes / M * (M - R), dt, R, logits, sc);
+        }
     }
     if (captures[n]) memcpy(captures[n], out, bytes);
 }
