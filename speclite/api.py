@@ -24,7 +24,7 @@ from speclite.model.validate import check_model_files, context_length
 from speclite.request import check_extra_config, check_prompt
 from speclite.speculate import BuildContext, build_proposer, get_method
 from speclite.speculate.registry import NONE, all_options, method_options, normalize_method, vllm_flags, vllm_method
-from speclite.speculate.schedule import spec_length
+from speclite.speculate.schedule import DEFAULT_K, spec_length
 from speclite.speculate.verify import check_names
 
 # vLLM speculative_config keys every method shares; each method's own keys come from the registry.
@@ -35,7 +35,8 @@ VLLM_KEYS = {"method": "method", "num_speculative_tokens": "k", "model": "draft"
 @dataclass
 class SpecConfig:
     method: str = "none"  # a registered method name or alias (speclite.speculate.registry)
-    k: int | str = 4  # drafts per iteration, or "auto"
+    # Drafts per iteration, or "auto"; None: the method's own default (spec_length), DEFAULT_K for most.
+    k: int | str | None = None
     draft: str | None = None  # model (or head) for methods that need one (alias, repo id or directory)
     draft_quant: str | None = None
     verify: str | None = None  # None: greedy at temperature 0, rejection otherwise
@@ -57,11 +58,13 @@ class SpecConfig:
     def validated(self) -> "SpecConfig":
         method = normalize_method(self.method)
         k = self.k
+        if k is None and (method == NONE or get_method(method).default_k is None):
+            k = DEFAULT_K  # known now; a method with a default k of its own reads it from its built proposer
         if isinstance(k, str):
             if k != "auto" and not k.isdigit():
                 raise SpecliteError(f"--gen-num-per-cycle must be a number or 'auto', got '{k}'")
             k = k if k == "auto" else int(k)
-        if k != "auto" and not 0 <= k <= 64:
+        if isinstance(k, int) and not 0 <= k <= 64:
             raise SpecliteError(f"--gen-num-per-cycle must be between 0 and 64, got {k}")
         check_names(self.verify, self.accept_policy)
         options = method_options(method, self.options, k) if method != NONE else {}
@@ -173,8 +176,11 @@ class LLM:
             self.draft_name = str(draft)
         ctx = BuildContext(cfg.options, self.target, draft_model, self.max_len, draft_dir, cfg.draft_quant)
         proposer = build_proposer(cfg.method, ctx)
+        length = spec_length(cfg.k, method, proposer)
+        if cfg.k is None:  # the method's own default, now that its proposer has read it
+            self.spec_config = replace(cfg, k=length.k)
         # The verifier depends on the request's temperature: the engine picks it per request.
-        return Speculation(proposer, spec_length(cfg.k, method), cfg.verify, cfg.accept_policy)
+        return Speculation(proposer, length, cfg.verify, cfg.accept_policy)
 
     # -- prompts -----------------------------------------------------------------------------
 
@@ -225,7 +231,7 @@ class LLM:
         if self.engine.spec is None:
             raise SpecliteError("speculation is off: start with --sp-type to set k")
         k = replace(self.spec_config, k=k).validated().k
-        self.engine.spec.length = spec_length(k, get_method(self.spec_config.method))
+        self.engine.spec.length = spec_length(k, get_method(self.spec_config.method), self._speculation.proposer)
 
     @property
     def k_label(self) -> str | None:

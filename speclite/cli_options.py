@@ -75,8 +75,9 @@ def spec_options(f):
                      "(vanilla's default: models.toml's)."),
         click.option("--draft-quant", "--sp-quantization", "draft_quant", default=None,
                      help="Quantize the draft at load time: fp8-block / FP8_PER_BLOCK, int4 / INT4, w8a8 / W8A8, nf4."),
-        click.option("--gen-num-per-cycle", "k", default="4", show_default=True,
-                     help="Drafts per iteration, or 'auto' to adapt to acceptance and cost."),
+        click.option("--gen-num-per-cycle", "k", default=None,
+                     help="Drafts per iteration, or 'auto' to adapt to acceptance and cost "
+                     "[default: 4; dflash: the drafter's block size - 1]."),
         click.option("--verify", type=click.Choice(list(VERIFIERS)), default=None,
                      help="Default: greedy at temperature 0, rejection (lossless) otherwise."),
         click.option("--accept-policy", type=click.Choice(list(POLICIES)), default="normal",

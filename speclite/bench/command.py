@@ -28,7 +28,8 @@ def _check_writable(path: Path | None, flag: str) -> None:
 @click.option("--draft", default=None, help="Draft for vanilla (default: models.toml's recommendation).")
 @click.option("--sp-type", "sp_types", default=None,
               help=f"Comma list of methods ({', '.join(METHODS)}). Default: all that apply.")
-@click.option("--k", "ks", default="4", show_default=True, help="Comma list of drafts per iteration, or auto.")
+@click.option("--k", "ks", default=None,
+              help="Comma list of drafts per iteration, or auto [default: each method's own: 4; dflash: the drafter's block size - 1].")
 @click.option("--quant", "quants", default=None, help="Comma list of target quant schemes (none, int4, w8a8, fp8-block, nf4; BODY/HEAD such as int4/w8a8).")
 @click.option("--draft-quant", default=None, help="Quantize the draft at load time.")
 @click.option("--accept-policy", type=click.Choice(list(POLICIES)), default="normal",

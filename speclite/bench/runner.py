@@ -9,7 +9,7 @@ tokenisation and building a proposer are never timed; a run's time is the engine
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -88,7 +88,7 @@ class Runner:
         drafted = [c.method for c in configs if c.method != "plain" and get_method(c.method).needs_draft]
         if drafted and models.draft_name is None:
             raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft)")
-        self.models, self.configs, self.prompts = models, configs, prompts
+        self.models, self.prompts = models, prompts
         self.params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
         self.method_options = method_options or {}
         self.device = next(iter(models.llms.values())).device
@@ -102,6 +102,10 @@ class Runner:
         for c in configs:
             if c.method != "plain" and c.method not in self.proposers:
                 self.proposers[c.method] = self._proposer(c)
+        # A row without --k runs its method's own default k (a DFlash drafter's block size - 1).
+        self.configs = [c if c.k is not None else
+                        replace(c, k=spec_length(None, get_method(c.method), self.proposers[c.method]).k)
+                        for c in configs]
 
     @staticmethod
     def _encode(llm: LLM, p: BenchPrompt) -> tuple[list[int], dict]:
@@ -130,7 +134,7 @@ class Runner:
             return None
         proposer = self.proposers[config.method]
         cfg = config.spec_config(self.models.draft_name, self.method_options)
-        return Speculation(proposer, spec_length(cfg.k, get_method(cfg.method)), cfg.verify, cfg.accept_policy)
+        return Speculation(proposer, spec_length(cfg.k, get_method(cfg.method), proposer), cfg.verify, cfg.accept_policy)
 
     def _resident_bytes(self, config: BenchConfig) -> int:
         """Weights plus preallocated KV caches of the models this configuration uses."""

@@ -32,7 +32,7 @@ class BenchOptions:
     model: str | None = None
     draft: str | None = None
     sp_types: str | None = None  # comma list; None: naive, vanilla (when a draft is known), deterministic
-    ks: str = "4"
+    ks: str | None = None  # comma list; None: each method's own default k
     quants: str | None = None
     draft_quant: str | None = None
     accept_policy: str = "normal"
@@ -130,7 +130,7 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         runner.warm_up()
         records = runner.run(o.repeats, on_run)
         peak_rss = process_peak_rss_bytes()
-        rows = summarise(configs, records, runner.peak_bytes)
+        rows = summarise(runner.configs, records, runner.peak_bytes)
         bandwidth = copy_bandwidth(device)
         rooflines = {}
         for quant, llm in models.llms.items():

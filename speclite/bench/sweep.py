@@ -13,7 +13,7 @@ from speclite.speculate.verify import POLICIES
 @dataclass(frozen=True)
 class BenchConfig:
     method: str  # "plain" (no speculation at all) or a speculation method
-    k: int | str  # drafts per iteration, "auto", or 0 for plain / naive
+    k: int | str | None  # drafts per iteration, "auto", 0 for plain / naive, None: the method's own (Runner)
     quant: str | None  # target quantization at load time
     accept_policy: str = "normal"
 
@@ -41,8 +41,11 @@ def split_list(text: str, flag: str) -> list[str]:
     return items
 
 
-def parse_ks(text: str) -> list[int | str]:
-    ks: list[int | str] = []
+def parse_ks(text: str | None) -> list[int | str | None]:
+    """--k's values; no --k is one None: each method's own default k, known once its proposer is built."""
+    if text is None:
+        return [None]
+    ks: list[int | str | None] = []
     for item in split_list(text, "--k"):
         if item == "auto":
             ks.append(item)

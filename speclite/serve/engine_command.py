@@ -14,12 +14,13 @@ from pathlib import Path
 from speclite import hub
 from speclite.cli_options import split_method_options
 from speclite.errors import SpecliteError
+from speclite.speculate.schedule import DEFAULT_K
 
 
 def engine_command(engine: str, models_file, *, host: str, port: int, api_key: str | None,
                    served_model_name: str | None, model: str | None, dtype: str, quant: str | None,
                    max_model_len: int | None, sp_type: str, draft: str | None, draft_quant: str | None,
-                   k: str, verify: str | None, accept_policy: str, **rest) -> str:
+                   k: str | None, verify: str | None, accept_policy: str, **rest) -> str:
     """One shell command line; SpecliteError names what has no equivalent on that engine.
 
     `rest` holds the methods' own flags (opt_*) and the runtime ones (device, static), which need no
@@ -44,7 +45,7 @@ def engine_command(engine: str, models_file, *, host: str, port: int, api_key: s
     if sp_type in ("vanilla", "deterministic"):
         draft = _source(draft or _recommended(model, models_file), models_file) if sp_type == "vanilla" else None
         spec = _vllm_spec if engine == "vllm" else _sglang_spec
-        args += spec(sp_type, int(k), draft, options["min_match"], options["max_match"])
+        args += spec(sp_type, DEFAULT_K if k is None else int(k), draft, options["min_match"], options["max_match"])
     return shlex.join(args)
 
 

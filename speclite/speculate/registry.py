@@ -86,6 +86,9 @@ class Method:
     check: Callable[[dict], None] | None = None  # cross-option validation; raise SpecliteError
     check_k: Callable[[dict, int], None] | None = None  # validation against a fixed --gen-num-per-cycle
     fixed_k: int | None = None  # proposes exactly this many drafts whatever --gen-num-per-cycle says
+    # The built proposer's own k, read from what it loaded (a DFlash drafter: its block size - 1): the
+    # drafts per iteration when --gen-num-per-cycle is not given, and auto's ceiling. None: DEFAULT_K.
+    default_k: Callable[[object], int] | None = None
     in_default_sweep: bool = True  # `speclite bench` without --sp-type runs it (when its draft is known)
     # One draft forward proposes all k (parallel drafting): `--gen-num-per-cycle auto` charges the
     # measured draft time per iteration, not per draft.

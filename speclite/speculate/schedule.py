@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from speclite.speculate.registry import Method
 
+DEFAULT_K = 4  # drafts per iteration when neither --gen-num-per-cycle nor the method gives a number
+AUTO_K_MAX = 8  # auto's ceiling for a method without a default k of its own
+
 
 class SpecLength:
     """A fixed k."""
@@ -32,7 +35,7 @@ class AdaptiveSpecLength(SpecLength):
     iterations keeps the estimates fresh so speculation can come back.
     """
 
-    def __init__(self, k_max: int = 8, decay: float = 0.8, probe_every: int = 16, flat_draft: bool = False):
+    def __init__(self, k_max: int = AUTO_K_MAX, decay: float = 0.8, probe_every: int = 16, flat_draft: bool = False):
         super().__init__(k_max)
         self.k_max, self.decay, self.probe_every, self.flat_draft = k_max, decay, probe_every, flat_draft
         self.accept = 0.7  # optimistic start: speculate until measured otherwise
@@ -78,10 +81,14 @@ class AdaptiveSpecLength(SpecLength):
         return f"auto({self.k})"
 
 
-def spec_length(k: int | str, method: Method) -> SpecLength:
-    """The schedule a config asks for: the method's fixed k if it has one (naive: 0), adaptive for "auto"."""
+def spec_length(k: int | str | None, method: Method, proposer) -> SpecLength:
+    """The schedule a config asks for: the method's fixed k if it has one (naive: 0), adaptive for
+    "auto", else k. k None (no --gen-num-per-cycle) is the built proposer's own default where the
+    method reads one from it (Method.default_k: a DFlash drafter's block size - 1), else DEFAULT_K;
+    that own default is also auto's ceiling."""
     if method.fixed_k is not None:
         return SpecLength(method.fixed_k)
+    own = method.default_k(proposer) if method.default_k is not None else None
     if k == "auto":
-        return AdaptiveSpecLength(flat_draft=method.flat_draft_cost)
-    return SpecLength(k)
+        return AdaptiveSpecLength(k_max=own or AUTO_K_MAX, flat_draft=method.flat_draft_cost)
+    return SpecLength(k if k is not None else own or DEFAULT_K)

@@ -2,7 +2,10 @@
 
 Registered as `dflash` (vLLM's and SGLang's name). It conditions on the target's states, embeds
 with the target's embedding and reads logits through the target's lm_head; --draft-quant
-quantizes its layers' linears like any draft's. k is capped at the drafter's block size - 1.
+quantizes its layers' linears like any draft's. k defaults to the drafter's block size - 1, the
+mask slots of its trained block (SGLang's default block is the drafter's; the drafters' vLLM recipe
+passes num_speculative_tokens = block size - 1), and is capped there: the drafter was trained on no
+later slot, so a larger --gen-num-per-cycle drafts block size - 1, and `auto` adapts up to it.
 """
 
 from __future__ import annotations
@@ -37,5 +40,5 @@ def _build(ctx: BuildContext) -> DFlashProposer:
 register(Method(
     "dflash", _build, "a DFlash drafter proposes a block of k drafts in one forward from the target's states (--draft DIR)",
     options=(MASK_TOKEN,), needs_draft=True, draft_is_model=False, needs_target=True, flat_draft_cost=True,
-    in_default_sweep=False,
+    in_default_sweep=False, default_k=lambda proposer: proposer.draft.block_size - 1,
 ))
