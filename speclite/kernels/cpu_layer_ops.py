@@ -98,8 +98,18 @@ class Layers:
 
     def __init__(self, layers: list[Layer], modules: list, head: Head | None = None):
         self.layers, self.modules, self.head = layers, modules, head
+        self.no_captures = (_P * (len(layers) + 1))()  # all null
+        self.caches = None  # (a cache's layer list, its keys' and values' pointer arrays), built on first use
         self.hooks = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)]
         self.array = (ctypes.POINTER(Layer) * len(layers))(*(ctypes.pointer(ly) for ly in layers))
+
+    def cache_pointers(self, cache_layers: list) -> tuple:
+        """The K and V caches' pointer arrays, kept while the same cache is used (its tensors never move)."""
+        if self.caches is None or self.caches[0] is not cache_layers:
+            n = len(cache_layers)
+            self.caches = (cache_layers, (_P * n)(*(k.data_ptr() for k, _ in cache_layers)),
+                           (_P * n)(*(v.data_ptr() for _, v in cache_layers)))
+        return self.caches[1:]
 
 
 def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layers,
@@ -117,9 +127,9 @@ def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torc
     normed = torch.empty_like(x) if head is not None and final else None
     logits = torch.empty(logit_rows, head.mats.contents.n, dtype=x.dtype) if head is not None else None
     captured = {i: torch.empty_like(x) for i in wants}
-    captures = (_P * (n + 1))(*(captured[i].data_ptr() if i in captured else None for i in range(n + 1)))
-    caches_k = (_P * n)(*(k.data_ptr() for k, _ in cache_layers))
-    caches_v = (_P * n)(*(v.data_ptr() for _, v in cache_layers))
+    captures = ((_P * (n + 1))(*(captured[i].data_ptr() if i in captured else None for i in range(n + 1)))
+                if wants else layers.no_captures)
+    caches_k, caches_v = layers.cache_pointers(cache_layers)
     mask = None if mask is None else mask.to(torch.uint8).contiguous()
     first = layers.layers[0]
     _library().speclite_decoder_layers(

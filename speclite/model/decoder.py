@@ -381,7 +381,7 @@ class Transformer(nn.Module):
         t, start = tokens.shape[0], cache.length
         if start + t > cache.max_len:
             raise SpecliteError(f"sequence of {start + t} tokens exceeds the context of {cache.max_len}")
-        pos = torch.arange(start, start + t, device=tokens.device) if tree is None else start + tree.depth
+        pos = slice(start, start + t) if tree is None else start + tree.depth
         step = self._run(tokens, pos, cache, start, self._mask(start, t, tokens.device, tree), num_logits, wants)
         cache.length = start + t
         return step
@@ -408,12 +408,13 @@ class Transformer(nn.Module):
         """Every block, and the final norm and lm_head where the kernels take them, as one C call and
         one thread team (built once; hooks and gradients checked per call), where each block's own
         CPU layer applies."""
+        cache_k = cache.layers[0][0]
+        if not (x.dim() == 2 and cache_k.dtype == x.dtype and cpu_layer_ops.takes(x)):
+            return None  # what may change per call; what the modules decide is decided once, in build
         blocks, norm, head = self.model.layers, self.model.norm, self.lm_head
-        if not blocks[0].cpu_layer_applies(x, cache.layers[0][0]):
-            return None
 
         def build():
-            built = [b.build_cpu_layer(x) if b.cpu_layer_applies(x, cache.layers[0][0]) else None for b in blocks]
+            built = [b.build_cpu_layer(x) if b.cpu_layer_applies(x, cache_k) else None for b in blocks]
             if None in built:
                 return None
             mats = cpu_gemm.module_matrices(x, [head]) if norm.weight.dtype == x.dtype else None
@@ -426,11 +427,13 @@ class Transformer(nn.Module):
             return None
         return layers
 
-    def rope(self, pos: torch.Tensor, max_len: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """rope_tables for positions `pos` (< max_len). On the CPU, rows of tables computed once for
-        every position of the cache (the same numbers: each element is computed on its own); the six
-        ops per step cost more than the lookup there."""
-        if pos.device.type != "cpu":
+    def rope(self, pos: torch.Tensor | slice, max_len: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope_tables for positions `pos` (< max_len; a slice: consecutive ones, a chain). On the CPU,
+        rows of tables computed once for every position of the cache (the same numbers: each element
+        is computed on its own); the six ops per step cost more than the lookup there, and a chain's
+        rows are a view."""
+        if device.type != "cpu":
+            pos = torch.arange(pos.start, pos.stop, device=device) if isinstance(pos, slice) else pos
             return rope_tables(pos, self.inv_freq, self.rope_scale, dtype)
         tables = self.__dict__.get("_rope_tables")
         if tables is None or tables[0].shape[0] < max_len or tables[0].dtype != dtype:
@@ -439,7 +442,7 @@ class Transformer(nn.Module):
 
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
         x = self.model.embed_tokens(tokens)
-        cos, sin = self.rope(pos, cache.max_len, x.dtype)
+        cos, sin = self.rope(pos, cache.max_len, x.dtype, x.device)
         fused = self.cpu_layers(x, cache)
         if fused is not None:
             rows = min(num_logits, x.shape[0]) if num_logits else x.shape[0]  # as normed[-num_logits:] below
