@@ -452,15 +452,20 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             k8.run(M, a, b);
         });
     } else {
+        // fp32 activations are read in place; others are widened once (and the team waits for it).
+        const float *xf = (const float *)x;
+        if (dt != F32) {
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++)
-            for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
+            for (int m = 0; m < M; m++)
+                for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
+            xf = sc.a.data();
+        }
         int c0, c1;
         split(mt.n, 4, T, t, c0, c1);
         for (int p = 0, first = 0; p < mt.parts; first += mt.ns[p++]) {
             const int a = std::max(c0, first) - first, b = std::min(c1, first + mt.ns[p]) - first;
             if (a >= b) continue;
-            run_columns(Dense{sc.a.data(), mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first}, M, a, b);
+            run_columns(Dense{xf, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first}, M, a, b);
             if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, first + a, first + b);
         }
     }
