@@ -14,8 +14,8 @@ Rows: bf16 vs f16, w8a8 (head too) vs Q8_0, int4 (group 64: 4.375 bits per weigh
 vs Q4_0, int4/int4 (head too) vs Q4_0
 (llama-quantize --pure, head too). Decode = tg64 after a 32-token prompt (llama-bench -n 64 -d 32),
 prefill = pp128 (llama-bench -p 128). Then the embedded pair (tiny-code + tiny-code-draft): plain
-decoding and vanilla k=4 against llama-bench and llama-speculative (--spec-draft-n-max 4) on the pair as
-GGUF f32. Each round runs every contestant once; the median over --rounds is printed, with the CPU
+decoding against llama-bench, and each speculative method (PAIR_METHODS, with its trained draft)
+against llama-speculative (--spec-draft-n-max 4) on the pair as GGUF f32 (--pair-only: just these). Each round runs every contestant once; the median over --rounds is printed, with the CPU
 model, its ISA flags and the measured copy bandwidth. Run it on an idle machine: the numbers are
 only as good as the quiet around them.
 """
@@ -55,6 +55,12 @@ INT4_GROUP = 64
 ROWS = [("bf16", None, "f16"), ("w8a8", "w8a8/w8a8", "q8_0"), ("int4", "int4/w8a8", "q4_0"),
         ("int4/int4", "int4/int4", "q4_0-pure")]
 PAIR_PROMPT = "def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n"
+# speclite's methods on the pair, each with the draft trained for it (speclite/assets), all against
+# llama-speculative: the speculation this llama.cpp build runs (a draft model, at most 4 drafts).
+PAIR_METHODS = [("vanilla k=4", {"method": "vanilla", "num_speculative_tokens": 4}),
+                ("pard k=4", {"method": "pard", "model": "tiny-code-pard", "num_speculative_tokens": 4}),
+                ("dflash", {"method": "dflash", "model": "tiny-code-dflash"}),
+                ("eagle3 k=4", {"method": "eagle3", "model": "tiny-code-eagle3", "num_speculative_tokens": 4})]
 
 
 # ---- llama.cpp: build and convert ----------------------------------------------------------
@@ -190,6 +196,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen2.5-0.5B's 24, for a quick run")
     ap.add_argument("--skip-pair", action="store_true")
+    ap.add_argument("--pair-only", action="store_true", help="only the embedded pair's rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -200,26 +207,26 @@ def main():
     print(f"llama.cpp {VERSION} (llama-cpp-python sdist) built in {bins} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     pair_dir = hub.resolve("tiny-code")
+    rows = [] if args.pair_only else ROWS
     model_dir = CACHE / f"qwen2.5-0.5b-{args.layers or 'full'}"
-    if not (model_dir / "model.safetensors").exists():
+    if rows and not (model_dir / "model.safetensors").exists():
         build_synthetic("qwen2.5-0.5b", model_dir, layers=args.layers, tokenizer_from=pair_dir)
-    ggufs = {kind: gguf(source, bins, model_dir, kind) for _, _, kind in ROWS}
+    ggufs = {kind: gguf(source, bins, model_dir, kind) for _, _, kind in rows}
     models = {}
-    for label, quant, _ in ROWS:
+    for label, quant, _ in rows:
         m = load_model(model_dir, device="cpu", dtype=torch.bfloat16)
         models[label] = quantize_model(m, quant, group_size=INT4_GROUP) if quant else m
     gen = torch.Generator().manual_seed(0)
-    vocab = models["bf16"].args.vocab_size
-    prompt32 = torch.randint(0, vocab, (32,), generator=gen).tolist()
-    prompt128 = torch.randint(0, vocab, (128,), generator=gen).tolist()
+    vocab = models["bf16"].args.vocab_size if rows else 0
+    prompt32 = torch.randint(0, vocab, (32,), generator=gen).tolist() if rows else []
+    prompt128 = torch.randint(0, vocab, (128,), generator=gen).tolist() if rows else []
 
     pair = None
     if not args.skip_pair:
         draft_dir = hub.resolve("tiny-code-draft")
         pair = {"target": gguf(source, bins, pair_dir, "f32"), "draft": gguf(source, bins, draft_dir, "f32"),
                 "plain": LLM("tiny-code", device="cpu"),
-                "vanilla": LLM("tiny-code", device="cpu",
-                               speculative_config={"method": "vanilla", "num_speculative_tokens": 4})}
+                **{label: LLM("tiny-code", device="cpu", speculative_config=config) for label, config in PAIR_METHODS}}
 
     results: dict[str, list[float]] = {}
 
@@ -228,8 +235,11 @@ def main():
 
     for label in models:  # warm-up: kernel builds, first-touch of weights
         speclite_decode(models[label], prompt32, 4)
+    for llm in (pair or {}).values():
+        if isinstance(llm, LLM):
+            speclite_generate(llm, 8)
     for r in range(args.rounds):
-        for label, _, kind in ROWS:
+        for label, _, kind in rows:
             record(f"{label}/speclite/decode", speclite_decode(models[label], prompt32, 64))
             record(f"{label}/llama/decode", llama_bench(bins, ggufs[kind], args.threads, "decode"))
             record(f"{label}/speclite/prefill", speclite_prefill(models[label], prompt128))
@@ -237,17 +247,18 @@ def main():
         if pair:
             record("pair/speclite/plain", speclite_generate(pair["plain"], 128))
             record("pair/llama/plain", llama_bench(bins, pair["target"], args.threads, "decode"))
-            record("pair/speclite/vanilla", speclite_generate(pair["vanilla"], 128))
-            record("pair/llama/vanilla", llama_speculative(bins, pair["target"], pair["draft"], args.threads, 4, 128))
+            for label, _ in PAIR_METHODS:
+                record(f"pair/speclite/{label}", speclite_generate(pair[label], 128))
+            record("pair/llama/speculative", llama_speculative(bins, pair["target"], pair["draft"], args.threads, 4, 128))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
 
     m = {key: median(v) for key, v in results.items()}
-    layers = args.layers or 24
-    print(f"\nQwen2.5-0.5B shapes ({layers} layers), random weights, {args.threads} threads, "
-          f"median of {args.rounds} interleaved rounds\n")
-    print("| speclite vs llama.cpp | decode tok/s | llama.cpp | ratio | prefill tok/s | llama.cpp | ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for label, _, kind in ROWS:
+    print(f"\n{args.threads} threads, median of {args.rounds} interleaved rounds")
+    if rows:
+        print(f"\nQwen2.5-0.5B shapes ({args.layers or 24} layers), random weights\n")
+        print("| speclite vs llama.cpp | decode tok/s | llama.cpp | ratio | prefill tok/s | llama.cpp | ratio |")
+        print("|---|---|---|---|---|---|---|")
+    for label, _, kind in rows:
         d, ld = m[f"{label}/speclite/decode"], m[f"{label}/llama/decode"]
         p, lp = m[f"{label}/speclite/prefill"], m[f"{label}/llama/prefill"]
         print(f"| {label} vs {kind.upper().replace('-PURE', ' (pure)')} | {d:.1f} | {ld:.1f} | {d / ld:.2f} "
@@ -256,9 +267,12 @@ def main():
         print("\nembedded pair (tiny-code + tiny-code-draft; float32 in both: speclite on the CPU default, llama.cpp GGUF f32), 128 tokens\n")
         print("| method | speclite tok/s | llama.cpp tok/s | ratio |")
         print("|---|---|---|---|")
-        for method, peer in (("plain", "llama-bench tg64 -d 32"), ("vanilla", "llama-speculative --spec-draft-n-max 4")):
-            s, ll = m[f"pair/speclite/{method}"], m[f"pair/llama/{method}"]
-            print(f"| {method} k={4 if method == 'vanilla' else 0} vs {peer} | {s:.0f} | {ll:.0f} | {s / ll:.2f} |")
+        s, ll = m["pair/speclite/plain"], m["pair/llama/plain"]
+        print(f"| plain vs llama-bench tg64 -d 32 | {s:.0f} | {ll:.0f} | {s / ll:.2f} |")
+        ll = m["pair/llama/speculative"]
+        for label, _ in PAIR_METHODS:
+            s = m[f"pair/speclite/{label}"]
+            print(f"| {label} vs llama-speculative --spec-draft-n-max 4 | {s:.0f} | {ll:.0f} | {s / ll:.2f} |")
 
 
 if __name__ == "__main__":
