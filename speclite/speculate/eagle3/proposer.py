@@ -100,25 +100,28 @@ class Eagle3Proposer(Proposer):
             logits, state = self._step(self.tokens[c + 1: c + 1 + n_pairs], self.pending[:n_pairs],
                                        list(range(c, c + n_pairs)))
             self.committed, self.pending = c + n_pairs, self.pending[n_pairs:]
-            if self.topk == 1 and not self.ctx.params.greedy:
-                return self._chain(logits[-1], state[-1:], min(k, room))
-            # Greedy chains are the topk-1 tree: the same code, parents [-1, 0, 1, ...].
-            budget = k if self.topk == 1 else min(k, (self.num_draft_tokens or k + 1) - 1)
-            return self._tree(logits[-1], state[-1:], budget, room)
+            if self.topk == 1:  # a chain of `steps` head passes (SGLang's knob), at most k
+                return self._chain(logits[-1], state[-1:], min(k, room, self.steps or k))
+            return self._tree(logits[-1], state[-1:], min(k, (self.num_draft_tokens or k + 1) - 1), room)
 
     def _chain(self, logits, state, k: int) -> Proposal:
-        """k drafts drawn from the head's warped distributions, which come back for rejection sampling."""
+        """k drafts: the head's argmax when greedy (the topk-1 tree's drafts, without its masks and
+        log-probabilities), else drawn from its warped distributions, which come back for rejection
+        sampling."""
         params, gen = self.ctx.params, self.ctx.generator
         drafts, probs = [], []
         for i in range(k):
-            q = warp(self.head.to_target(logits, self.target_vocab), params)
-            token = sample(q, uniform(gen))
-            probs.append(q)
+            if params.greedy:
+                token = int(self.head.target_ids[torch.argmax(logits)])
+            else:
+                q = warp(self.head.to_target(logits, self.target_vocab), params)
+                token = sample(q, uniform(gen))
+                probs.append(q)
             drafts.append(token)
             if i < k - 1:
                 logits, state = self._step([token], state, [self.committed + i])
                 logits = logits[-1]
-        return Proposal(drafts, torch.stack(probs))
+        return Proposal(drafts, torch.stack(probs) if probs else None)
 
     def _tree(self, logits, state, budget: int, room: int) -> Proposal:
         topk = min(self.topk, logits.shape[-1])
