@@ -29,9 +29,9 @@ def generate(target, prompt, spec=None, params=GREEDY):
     return decode_all(target, prompt, params, spec)
 
 
-def proposer(target, module_dir=None, quant=None, max_len=64):
+def proposer(target, module_dir=None, quant=None, max_len=64, **tree):
     return MTPProposer(load_draft(module_dir, target, quant), target.model.embed_tokens, max_len,
-                       target.args.vocab_size)
+                       target.args.vocab_size, **tree)
 
 
 def save_tiny(path, config_cls, seed):
@@ -100,7 +100,8 @@ def test_sampling_matches_target_distribution(small, name):
 
 
 def test_cli_generate_with_mtp_equals_plain(tmp_path):
-    """`speclite generate --sp-type mtp`: the module from the target's checkpoint, and from --draft."""
+    """`speclite generate --sp-type mtp`: the module from the target's checkpoint (drafting a tree:
+    the EAGLE-3 tree flags reach it), and from --draft (a chain)."""
     target_dir = tmp_path / "target"
     save_model(target_dir, "llama", seed=5, hidden=64, layers=4, intermediate_size=128)
     add_module(target_dir, "deepseek", seed=3)
@@ -108,7 +109,8 @@ def test_cli_generate_with_mtp_equals_plain(tmp_path):
 
     plain = {i: r["token_ids"] for i, r in cli_generate(target_dir, tmp_path, "plain.jsonl").items()}
     separate = ("--draft", str(tmp_path / "module"), "--draft-quant", "int4")
-    for out, flags in (("own.jsonl", ()), ("draft.jsonl", separate)):
-        mtp = cli_generate(target_dir, tmp_path, out, "--sp-type", "mtp", "--gen-num-per-cycle", "3", *flags)
+    tree = ("--gen-num-per-cycle", "4", "--eagle-topk", "2", "--eagle-steps", "3", "--eagle-num-draft-tokens", "5")
+    for out, flags in (("own.jsonl", tree), ("draft.jsonl", ("--gen-num-per-cycle", "3", *separate))):
+        mtp = cli_generate(target_dir, tmp_path, out, "--sp-type", "mtp", *flags)
         assert {i: r["token_ids"] for i, r in mtp.items()} == plain, flags
         assert all(r["aux_info"]["accepted_per_position"] for r in mtp.values())  # drafts were verified

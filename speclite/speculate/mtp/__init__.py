@@ -1,7 +1,8 @@
 """`mtp`: a multi-token-prediction module (DeepSeek-V3 or MiMo layout) drafts from the target's states.
 
 The module comes from the target's own checkpoint, or from --draft DIR (a separate checkpoint),
-quantized on its own with --draft-quant. Registered as `mtp` (vLLM's `{"method": "mtp"}` too).
+quantized on its own with --draft-quant. Registered as `mtp` (vLLM's `{"method": "mtp"}` too) with
+EAGLE-3's tree knobs, as SGLang runs MTP (eagle_tree.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speclite.errors import SpecliteError
+from speclite.speculate.eagle_tree import TREE_OPTIONS, check_tree, tree_args
 from speclite.speculate.mtp.load import load_module
 from speclite.speculate.mtp.module import MTPModule
 from speclite.speculate.mtp.proposer import MTPProposer
@@ -35,10 +37,12 @@ def load_draft(module_dir: str | Path | None, target, quant: str | None = None) 
 
 def _build(ctx: BuildContext) -> MTPProposer:
     module = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant)
-    return MTPProposer(module, ctx.target.model.embed_tokens, ctx.max_len, ctx.target_vocab)
+    return MTPProposer(module, ctx.target.model.embed_tokens, ctx.max_len, ctx.target_vocab, **tree_args(ctx.options))
 
 
 register(Method(
-    "mtp", _build, "the target's multi-token-prediction module drafts a chain (its checkpoint's, or --draft DIR)",
-    draft_is_model=False, draft_optional=True, needs_target=True, in_default_sweep=False,
+    "mtp", _build,
+    "the target's multi-token-prediction module drafts a chain or a tree (its checkpoint's, or --draft DIR)",
+    options=TREE_OPTIONS, check=check_tree, draft_is_model=False, draft_optional=True, needs_target=True,
+    in_default_sweep=False,
 ))
