@@ -1,9 +1,9 @@
 """Run every configuration on every prompt, interleaved, and keep each run's raw figures.
 
-Each distinct model is loaded once: one LLM (target) per quant scheme and each distinct draft once,
-shared by all of them; a configuration is only a fresh Speculation swapped into the engine. Load time, prompt
-tokenisation and building a proposer are never timed; a run's time is the engine's generate()
-(prefill + decode loop + detokenisation) between device syncs.
+Each distinct model is loaded once: one LLM (target) per quant scheme, and each distinct draft
+(one per method at most) shared by all of them; a configuration is only a fresh Speculation swapped
+into the engine. Load time, prompt tokenisation and building a proposer are never timed; a run's
+time is the engine's generate() (prefill + decode loop + detokenisation) between device syncs.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class BenchModels:
 class Runner:
     def __init__(self, models: BenchModels, configs: list[BenchConfig], prompts: list[BenchPrompt],
                  max_new_tokens: int, *, ignore_eos: bool = False, method_options: dict | None = None):
-        drafted = [c.method for c in configs if c.method != "plain" and get_method(c.method).needs_draft and not c.draft]
+        drafted = [c.method for c in configs if c.method != "plain" and not c.draft and get_method(c.method).needs_draft]
         if drafted:
             raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft)")
         self.models, self.prompts = models, prompts
