@@ -95,11 +95,12 @@ def main():
 
             target, draft, _ = build_pair(Path(tmp), args.synthetic, args.synthetic_draft, args.layers, dtype)
         else:
-            target, draft = args.model, args.draft or hub.recommended_draft(args.model)
+            target, draft = args.model, args.draft or hub.recommended_draft(args.model, method="vanilla")
         target_dir, draft_dir = hub.resolve(target), hub.resolve(draft)
         k, n, ignore_eos = args.k, args.max_new_tokens, bool(args.synthetic)
-        configs = [BenchConfig("plain", 0, None), BenchConfig("vanilla", k, None), BenchConfig("deterministic", k, None)]
-        models = BenchModels.load(str(target_dir), str(draft_dir), [None], device=device, dtype=dtype)
+        configs = [BenchConfig("plain", 0, None), BenchConfig("vanilla", k, None, draft=str(draft_dir)),
+                   BenchConfig("deterministic", k, None)]
+        models = BenchModels.load(str(target_dir), [str(draft_dir)], [None], device=device, dtype=dtype)
         runner = Runner(models, configs, load_prompts(args.prompts), n, ignore_eos=ignore_eos,
                         method_options={"max_match": args.max_match})
         hf_target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).to(device).eval()

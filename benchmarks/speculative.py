@@ -73,7 +73,7 @@ def main():
             target, draft, _ = build_pair(Path(tmp), args.synthetic, args.synthetic_draft, args.layers, dtype)
             target, draft = str(target), str(draft)
         else:
-            target, draft = args.model, args.draft or hub.recommended_draft(args.model)
+            target, draft = args.model, args.draft or hub.recommended_draft(args.model, method="vanilla")
         common = dict(model=target, draft=draft, ks=args.k, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                       repeats=args.repeats, device=args.device, dtype=args.dtype, static=args.static,
                       ignore_eos=bool(args.synthetic))
@@ -87,8 +87,8 @@ def main():
             out.print(line)
 
         ks = [k for k in parse_ks(args.k) if k != "auto"]
-        models = BenchModels.load(target, draft, [None], device=device, dtype=dtype, static=args.static)
-        configs = build_sweep(["vanilla"], ks, [None], "accept_all")
+        models = BenchModels.load(target, [draft], [None], device=device, dtype=dtype, static=args.static)
+        configs = build_sweep(["vanilla"], ks, [None], "accept_all", {"vanilla": draft})
         runner = Runner(models, configs, load_prompts(args.prompts)[:1], args.max_new_tokens, ignore_eos=True)
         rows = measure(runner, ks, args.max_new_tokens, args.repeats)
         out.print(overhead_table(rows))

@@ -162,13 +162,15 @@ class LLM:
         if cfg.method == NONE:
             return None
         method, draft_model, draft_dir = get_method(cfg.method), None, None
-        if method.needs_draft or (method.draft_optional and cfg.draft):
-            # models.toml recommends draft *models*; a head (EAGLE-3, ...) must be named.
-            draft = cfg.draft or (hub.recommended_draft(self.model_name, models_file) if method.draft_is_model else None)
-            if draft is None:
-                raise SpecliteError(f"--sp-type {cfg.method} needs --draft"
-                                    + (f": models.toml recommends no draft for '{self.model_name}'"
-                                       if method.draft_is_model else ""))
+        # Without --draft, models.toml's recommendation for this method (an optional draft's too: an
+        # MTP module named there is used rather than the target's own).
+        draft = (cfg.draft or hub.recommended_draft(self.model_name, models_file, cfg.method)
+                 if method.takes_draft else None)
+        if draft is None and method.needs_draft:
+            raise SpecliteError(f"--sp-type {cfg.method} needs --draft"
+                                + (f": models.toml recommends no draft for '{self.model_name}'"
+                                   if method.draft_is_model else ""))
+        if draft is not None:
             draft_dir = hub.resolve(draft, models_file)
             if method.loads_draft_model(cfg.options, draft_dir):
                 draft_model = load_draft(draft, self.tokenizer, self.model_name, self.device, self.dtype,

@@ -45,7 +45,8 @@ def models(ctx):
     for alias in registry.aliases.values():
         source = alias.repo or f"(bundled) {alias.path.name}"
         default = " (default)" if alias.name == registry.default_target else ""
-        table.add_row(alias.name + default, source, "yes" if is_cached(alias) else "no", alias.draft or "")
+        drafts = [alias.draft or ""] + [f"{method}: {draft}" for method, draft in alias.drafts.items()]
+        table.add_row(alias.name + default, source, "yes" if is_cached(alias) else "no", "\n".join(filter(None, drafts)))
     console().print(table)
 
 

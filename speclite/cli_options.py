@@ -72,7 +72,7 @@ def spec_options(f):
         click.option("--sp-type", type=click.Choice(method_names()), default="none", show_default=True,
                      help="Speculation method."),
         click.option("--draft", default=None, help="Draft model (or head) for the methods that need one "
-                     "(vanilla's default: models.toml's)."),
+                     "(default: models.toml's recommendation for the method)."),
         click.option("--draft-quant", "--sp-quantization", "draft_quant", default=None,
                      help="Quantize the draft at load time: fp8-block / FP8_PER_BLOCK, int4 / INT4, w8a8 / W8A8, nf4."),
         click.option("--gen-num-per-cycle", "k", default=None,

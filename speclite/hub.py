@@ -22,7 +22,8 @@ class Alias:
     name: str
     repo: str | None  # hub repo id
     path: Path | None  # a directory shipped with the package (or given by the user's file)
-    draft: str | None  # recommended draft alias or model
+    draft: str | None  # recommended draft model: vanilla's, and the default of methods that load one
+    drafts: dict[str, str]  # method -> its own recommended draft (an EAGLE-3 head, a DFlash drafter, ...)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,28 @@ def _read_toml(path: Path) -> dict:
         raise SpecliteError(f"models file not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecliteError(f"models file {path} is not valid TOML: {e}") from None
+
+
+def _method_drafts(file: Path, name: str, drafts) -> dict[str, str]:
+    """An alias's `drafts = { METHOD = DRAFT, ... }`, checked against the registered methods."""
+    from speclite.speculate.registry import METHODS, NONE, normalize_method
+
+    where = f"models file {file}: alias '{name}'"
+    if not isinstance(drafts, dict):
+        raise SpecliteError(f"{where}: 'drafts' must be a table of method = draft, e.g. drafts = {{ eagle3 = \"HEAD\" }}")
+    checked = {}
+    for method, draft in drafts.items():
+        try:
+            key = normalize_method(method)
+        except SpecliteError:
+            raise SpecliteError(f"{where}: drafts.{method}: unknown speculation method "
+                                f"(choose from {', '.join(METHODS)})") from None
+        if key == NONE or not METHODS[key].takes_draft:
+            raise SpecliteError(f"{where}: drafts.{method}: --sp-type {key} takes no draft")
+        if not isinstance(draft, str) or not draft:
+            raise SpecliteError(f"{where}: drafts.{method} must name a draft (an alias or a directory), got {draft!r}")
+        checked[key] = draft
+    return checked
 
 
 def load_registry(models_file: str | os.PathLike | None = None) -> Registry:
@@ -62,6 +85,7 @@ def load_registry(models_file: str | os.PathLike | None = None) -> Registry:
                 repo=entry.get("repo"),
                 path=(file.parent / path).resolve() if path else None,
                 draft=entry.get("draft"),
+                drafts=_method_drafts(file, name, entry.get("drafts", {})),
             )
     return Registry(aliases, defaults.get("target"), defaults.get("draft"))
 
@@ -136,8 +160,10 @@ def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = No
     return download(repo, label=text)
 
 
-def recommended_draft(model: str, models_file: str | os.PathLike | None = None) -> str | None:
-    """The draft models.toml recommends for MODEL (by alias, or by the alias whose repo/path it names)."""
+def recommended_draft(model: str, models_file: str | os.PathLike | None = None, method: str | None = None) -> str | None:
+    """The draft models.toml recommends for MODEL (by alias, or by the alias whose repo/path it names)
+    and METHOD: the method's own (`drafts`), else `draft` where the method always loads a draft model
+    (vanilla, pard), else None. Without METHOD: `draft`."""
     registry = load_registry(models_file)
     alias = registry.aliases.get(str(model))
     if alias is None:
@@ -146,4 +172,17 @@ def recommended_draft(model: str, models_file: str | os.PathLike | None = None) 
             if candidate.repo == str(model) or (candidate.path is not None and target.is_dir() and candidate.path == target.resolve()):
                 alias = candidate
                 break
-    return alias.draft if alias is not None else None
+    if alias is None:
+        return None
+    if method is None:
+        return alias.draft
+    from speclite.speculate.registry import METHODS, normalize_method
+
+    m = METHODS.get(normalize_method(method))
+    if m is None:  # plain decoding
+        return None
+    if m.name in alias.drafts:
+        return alias.drafts[m.name]
+    # A head or drafter method (draft_is_model False) cannot run on a draft model; one that decides
+    # per configuration (hybrid: a model, a head or the target's MTP) is recommended only its own.
+    return alias.draft if m.takes_draft and m.draft_is_model is True else None

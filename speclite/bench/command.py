@@ -25,7 +25,8 @@ def _check_writable(path: Path | None, flag: str) -> None:
 
 @click.command()
 @click.option("--model", "-m", default=None, help="Target: alias, org/name repo id, or local directory.")
-@click.option("--draft", default=None, help="Draft for vanilla (default: models.toml's recommendation).")
+@click.option("--draft", default=None,
+              help="One draft for every method that takes one (default: models.toml's recommendation for each method).")
 @click.option("--sp-type", "sp_types", default=None,
               help=f"Comma list of methods ({', '.join(METHODS)}). Default: all that apply.")
 @click.option("--k", "ks", default=None,
@@ -88,7 +89,9 @@ def bench(ctx, json_path, plot_path, **flags):
             on_run=lambda rec: progress.update(task, advance=1, description=f"{rec.config} / {rec.prompt}"),
         )
     meta = result["meta"]
-    title = (f"{meta['model']}" + (f" + draft {meta['draft']}" if meta["draft"] else "") +
+    drafts = set(meta["drafts"].values())
+    title = (f"{meta['model']}" + (f" + draft {meta['draft']}" if len(drafts) == 1 else
+                                   " + each method's own draft" if drafts else "") +
              f" | {meta['device']} {meta['dtype']}, {meta['threads']} threads | {len(meta['prompts'])} prompts x "
              f"{meta['max_new_tokens']} new tokens | median of {meta['repeats']} interleaved repeats")
     out = console()

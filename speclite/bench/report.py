@@ -89,6 +89,7 @@ def summarise(configs: list[BenchConfig], records: list[RunRecord], peak_bytes: 
             "k": c.k,
             "quant": c.quant,
             "accept_policy": c.accept_policy,
+            "draft": c.draft,
             "tokens_per_s": tps,
             "tokens_per_s_runs": tps_runs,
             "plain_tokens_per_s": plain_tps,
@@ -116,13 +117,15 @@ def _pct(values: list[float]) -> str:
 def results_table(rows: list[dict], title: str, memory_kind: str) -> Table:
     table = Table(title=title, title_justify="left")
     by_part = any(r.get("by_part") for r in rows)  # the column only when a hybrid ran (rows of older JSON lack it)
-    left = ("configuration", "accept per position", "accept by part")
-    for col in ("configuration", "tok/s", "speedup", "tok/iter", "accept", "accept per position",
+    # The column only when methods ran with different drafts (else the title names the one).
+    drafts = len({r.get("draft") for r in rows if r.get("draft")}) > 1
+    left = ("configuration", "draft", "accept per position", "accept by part")
+    for col in ("configuration", *(("draft",) if drafts else ()), "tok/s", "speedup", "tok/iter", "accept", "accept per position",
                 *(("accept by part",) if by_part else ()), "draft/verify time", f"peak MiB ({memory_kind})", "= plain"):
         table.add_column(col, justify="left" if col in left else "right", no_wrap=col == "configuration")
     for r in rows:
         table.add_row(
-            escape(r["label"]), f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['avg_tokens_per_iter']:.2f}",
+            escape(r["label"]), *((escape(r.get("draft") or "-"),) if drafts else ()), f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['avg_tokens_per_iter']:.2f}",
             f"{r['accept_rate']:.0%}" if r["proposed"] else "-", _pct(r["accepted_per_position"]),
             *((parts_summary(r.get("by_part", {})) or "-",) if by_part else ()),
             f"{r['draft_share']:.0%} / {r['verify_share']:.0%}", f"{r['peak_memory_bytes'] / 2**20:.1f}",

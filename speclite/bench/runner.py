@@ -1,9 +1,9 @@
 """Run every configuration on every prompt, interleaved, and keep each run's raw figures.
 
-Each distinct model is loaded once: one LLM (target) per quant scheme and one draft shared by all
-of them; a configuration is only a fresh Speculation swapped into the engine. Load time, prompt
-tokenisation and building a proposer are never timed; a run's time is the engine's generate()
-(prefill + decode loop + detokenisation) between device syncs.
+Each distinct model is loaded once: one LLM (target) per quant scheme, and each distinct draft
+(one per method at most) shared by all of them; a configuration is only a fresh Speculation swapped
+into the engine. Load time, prompt tokenisation and building a proposer are never timed; a run's
+time is the engine's generate() (prefill + decode loop + detokenisation) between device syncs.
 """
 
 from __future__ import annotations
@@ -57,36 +57,37 @@ def sync(device: torch.device) -> None:
 
 @dataclass
 class BenchModels:
-    """The loaded models: one LLM per target quant, and the draft they share."""
+    """The loaded models: one LLM per target quant, and the drafts they share."""
 
     llms: dict[str | None, LLM]
-    draft: object | None  # speclite Transformer
-    draft_name: str | None
+    # draft name -> (the loaded draft model, or None for a head or drafter its method loads itself;
+    # its resolved directory: a PARD draft's config names its mask token, a head is read from it)
+    drafts: dict[str, tuple[object | None, Path]]
     static: bool = False
-    draft_dir: Path | None = None  # the resolved draft directory (a PARD draft's config names its mask token)
 
     @classmethod
-    def load(cls, model: str, draft: str | None, quants: list[str | None], *, device, dtype, draft_quant=None,
-             models_file=None, max_model_len=None, static=False, draft_is_model=lambda draft_dir: True) -> "BenchModels":
-        """`draft_is_model(draft_dir)`: load the draft as a model; else (heads, DFlash drafters) only
-        resolve its directory."""
+    def load(cls, model: str, drafts: list[str], quants: list[str | None], *, device, dtype, draft_quant=None,
+             models_file=None, max_model_len=None, static=False,
+             draft_is_model=lambda draft, draft_dir: True) -> "BenchModels":
+        """`draft_is_model(draft, draft_dir)`: load that draft as a model; else (heads, DFlash drafters)
+        only resolve its directory."""
         llms = {q: LLM(model, None, device=device, dtype=dtype, quant=q, models_file=models_file,
                        max_model_len=max_model_len, static=static) for q in quants}
         first = next(iter(llms.values()))
-        draft_model = draft_dir = None
-        if draft is not None:
+        loaded = {}
+        for draft in dict.fromkeys(drafts):
             draft_dir = hub.resolve(draft, models_file)
-            if draft_is_model(draft_dir):
-                draft_model = load_draft(draft, first.tokenizer, str(model), first.device, first.dtype, draft_quant,
-                                         models_file)
-        return cls(llms, draft_model, draft, static, draft_dir)
+            draft_model = (load_draft(draft, first.tokenizer, str(model), first.device, first.dtype, draft_quant,
+                                      models_file) if draft_is_model(draft, draft_dir) else None)
+            loaded[draft] = (draft_model, draft_dir)
+        return cls(llms, loaded, static)
 
 
 class Runner:
     def __init__(self, models: BenchModels, configs: list[BenchConfig], prompts: list[BenchPrompt],
                  max_new_tokens: int, *, ignore_eos: bool = False, method_options: dict | None = None):
-        drafted = [c.method for c in configs if c.method != "plain" and get_method(c.method).needs_draft]
-        if drafted and models.draft_name is None:
+        drafted = [c.method for c in configs if c.method != "plain" and not c.draft and get_method(c.method).needs_draft]
+        if drafted:
             raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft)")
         self.models, self.prompts = models, prompts
         self.params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
@@ -119,12 +120,12 @@ class Runner:
 
     def _proposer(self, config: BenchConfig):
         llm = next(iter(self.models.llms.values()))
-        cfg = config.spec_config(self.models.draft_name, self.method_options)
+        cfg = config.spec_config(self.method_options)
         method = get_method(cfg.method)
-        wants_draft = method.needs_draft or method.loads_draft_model(cfg.options, self.models.draft_dir)
-        draft = self.models.draft if wants_draft else None
-        proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len,
-                                                           self.models.draft_dir))
+        draft, draft_dir = self.models.drafts[cfg.draft] if cfg.draft else (None, None)
+        if not (method.needs_draft or method.loads_draft_model(cfg.options, draft_dir)):
+            draft = None
+        proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len, draft_dir))
         if self.models.static:
             proposer.use_static()
         return proposer
@@ -133,7 +134,7 @@ class Runner:
         if config.method == "plain":
             return None
         proposer = self.proposers[config.method]
-        cfg = config.spec_config(self.models.draft_name, self.method_options)
+        cfg = config.spec_config(self.method_options)
         return Speculation(proposer, spec_length(cfg.k, get_method(cfg.method), proposer), cfg.verify, cfg.accept_policy)
 
     def _resident_bytes(self, config: BenchConfig) -> int:

@@ -31,7 +31,7 @@ from speclite.speculate import METHODS, get_method
 class BenchOptions:
     model: str | None = None
     draft: str | None = None
-    sp_types: str | None = None  # comma list; None: naive, vanilla (when a draft is known), deterministic
+    sp_types: str | None = None  # comma list; None: every default-sweep method whose draft is known (or needs none)
     ks: str | None = None  # comma list; None: each method's own default k
     quants: str | None = None
     draft_quant: str | None = None
@@ -74,12 +74,12 @@ def check_options(o: BenchOptions) -> None:
         raise SpecliteError(f"--threads must be at least 1, got {o.threads}")
 
 
-def _draft_for(o: BenchOptions, methods_given: bool, methods: list[str]) -> str | None:
-    if o.synthetic or o.draft:
-        return o.draft
-    if not methods_given or any(get_method(m).needs_draft for m in methods):
-        return hub.recommended_draft(o.model, o.models_file)
-    return None
+def _drafts_for(o: BenchOptions, draft: str | None, methods: list[str]) -> dict[str, str | None]:
+    """Each method's draft: the one given (--draft, --synthetic-draft) for every method that takes a
+    draft, else models.toml's recommendation for that method."""
+    if o.synthetic or draft:
+        return {m: draft if get_method(m).takes_draft else None for m in methods}
+    return {m: hub.recommended_draft(o.model, o.models_file, m) for m in methods}
 
 
 def run_bench(o: BenchOptions, on_start=None, on_run=None) -> dict:
@@ -102,27 +102,29 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
     device = resolve_device(o.device)
     dtype = resolve_dtype(o.dtype, device)
     with tempfile.TemporaryDirectory(prefix="speclite-bench-") as tmp:
-        model, draft, tokenizer_source = o.model, _draft_for(o, bool(o.sp_types), methods), None
+        model, draft, tokenizer_source = o.model, o.draft, None
         if o.synthetic:
             from speclite.bench.synthetic import build_pair
 
             target_dir, draft_dir, tokenizer_source = build_pair(
                 Path(tmp), o.synthetic, o.synthetic_draft, o.layers, dtype, o.draft_layers or o.layers)
             model, draft = str(target_dir), (str(draft_dir) if draft_dir else None)
+        drafts = _drafts_for(o, draft, methods or [m.name for m in METHODS.values() if m.in_default_sweep])
         if not o.sp_types:
-            methods = [m.name for m in METHODS.values() if m.in_default_sweep and (draft or not m.needs_draft)]
-        drafted = [m for m in methods if get_method(m).needs_draft]
-        # A method that may take a draft (a head for mtp, a model for hybrid's vanilla part) keeps a given one.
-        if not drafted and not (draft and any(get_method(m).takes_draft for m in methods)):
-            draft = None  # nothing would use it: do not load it
-        elif draft is None:
-            raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft); "
-                                f"models.toml recommends none for '{model}'")
-        configs = build_sweep(methods, ks, quants, o.accept_policy)
-        models = BenchModels.load(model, draft, quants, device=device, dtype=dtype, draft_quant=o.draft_quant,
+            methods = [m for m, d in drafts.items() if d or not get_method(m).needs_draft]
+        missing = [m for m in methods if get_method(m).needs_draft and drafts[m] is None]
+        if missing:
+            raise SpecliteError(f"--sp-type {missing[0]} needs a draft: pass --draft (or --synthetic-draft); "
+                                f"models.toml recommends none for it with '{model}'")
+        configs = build_sweep(methods, ks, quants, o.accept_policy, drafts)
+        used: dict[str, list[str]] = {}  # draft -> the methods that run with it; each is loaded once
+        for m in methods:
+            if drafts[m]:
+                used.setdefault(drafts[m], []).append(m)
+        models = BenchModels.load(model, list(used), quants, device=device, dtype=dtype, draft_quant=o.draft_quant,
                                   models_file=o.models_file, max_model_len=o.max_model_len, static=o.static,
-                                  draft_is_model=lambda d: any(get_method(m).loads_draft_model(o.method_options or {}, d)
-                                                               for m in methods if get_method(m).takes_draft))
+                                  draft_is_model=lambda d, d_dir: any(
+                                      get_method(m).loads_draft_model(o.method_options or {}, d_dir) for m in used[d]))
         runner = Runner(models, configs, prompts, o.max_new_tokens, ignore_eos=o.ignore_eos or bool(o.synthetic),
                         method_options=o.method_options)
         if on_start:
@@ -131,6 +133,9 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         records = runner.run(o.repeats, on_run)
         peak_rss = process_peak_rss_bytes()
         rows = summarise(runner.configs, records, runner.peak_bytes)
+        shown = {d: f"synthetic {o.synthetic_draft}" if o.synthetic else d for d in used}  # not a temporary path
+        for row in rows:
+            row["draft"] = shown.get(row["draft"])
         bandwidth = copy_bandwidth(device)
         rooflines = {}
         for quant, llm in models.llms.items():
@@ -138,7 +143,8 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
             rooflines[quant or ""] = roofline(model_bytes(llm.target), bandwidth, plain["step_s"])
     meta = {
         "model": o.synthetic and f"synthetic {o.synthetic}" or o.model,
-        "draft": (o.synthetic_draft and f"synthetic {o.synthetic_draft}" or draft) if draft else None,
+        "draft": ", ".join(shown.values()) or None,  # every draft the run used; each row names its own
+        "drafts": {m: shown[d] for d, ms in used.items() for m in ms},
         "draft_quant": o.draft_quant,
         "synthetic_layers": {"target": o.layers, "draft": o.draft_layers or o.layers} if o.synthetic else None,
         "synthetic_tokenizer": tokenizer_source,

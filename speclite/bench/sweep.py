@@ -16,6 +16,7 @@ class BenchConfig:
     k: int | str | None  # drafts per iteration, "auto", 0 for plain / naive, None: the method's own (Runner)
     quant: str | None  # target quantization at load time
     accept_policy: str = "normal"
+    draft: str | None = None  # what this row's method drafts with (each method may have its own)
 
     @property
     def label(self) -> str:
@@ -26,11 +27,11 @@ class BenchConfig:
             parts.append(f"({self.accept_policy})")
         return " ".join(parts)
 
-    def spec_config(self, draft: str | None, method_options: dict) -> SpecConfig:
+    def spec_config(self, method_options: dict) -> SpecConfig:
         """The validated SpecConfig of this row; `method_options` may hold other methods' options too."""
         own = {o.name for o in get_method(self.method).options}
         options = {name: value for name, value in method_options.items() if name in own}
-        return SpecConfig(method=self.method, k=self.k, draft=draft, accept_policy=self.accept_policy,
+        return SpecConfig(method=self.method, k=self.k, draft=self.draft, accept_policy=self.accept_policy,
                           options=options).validated()
 
 
@@ -75,7 +76,9 @@ def parse_quants(text: str | None) -> list[str | None]:
 
 
 def build_sweep(methods: list[str], ks: list[int | str], quants: list[str | None],
-                accept_policy: str = "normal") -> list[BenchConfig]:
+                accept_policy: str = "normal", drafts: dict[str, str | None] | None = None) -> list[BenchConfig]:
+    """`drafts`: method -> the draft it runs with (none for a method left out)."""
+    drafts = drafts or {}
     if accept_policy not in POLICIES:
         raise SpecliteError(f"unknown accept policy '{accept_policy}'")
     configs = []
@@ -84,7 +87,7 @@ def build_sweep(methods: list[str], ks: list[int | str], quants: list[str | None
         for method in methods:
             fixed_k = get_method(method).fixed_k
             if fixed_k is not None:  # naive: zero drafts whatever k is, one row measures the spec path's cost
-                configs.append(BenchConfig(method, fixed_k, quant, accept_policy))
+                configs.append(BenchConfig(method, fixed_k, quant, accept_policy, drafts.get(method)))
             else:
-                configs.extend(BenchConfig(method, k, quant, accept_policy) for k in ks)
+                configs.extend(BenchConfig(method, k, quant, accept_policy, drafts.get(method)) for k in ks)
     return configs

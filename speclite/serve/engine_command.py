@@ -85,7 +85,7 @@ def _check_portable(quant, draft_quant, k, verify, accept_policy) -> None:
 
 
 def _recommended(model: str, models_file) -> str:
-    draft = hub.recommended_draft(model, models_file)
+    draft = hub.recommended_draft(model, models_file, "vanilla")
     if draft is None:
         raise SpecliteError(f"--sp-type vanilla needs --draft: models.toml recommends no draft for '{model}'")
     return draft
