@@ -9,6 +9,8 @@ pulls in datasets/pandas/pyarrow and pins an older numpy, so the base install st
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import sys
 import tempfile
@@ -22,7 +24,7 @@ INSTALL_HINT = "pip install 'speclite[gptq]' -c constraints.txt"
 
 
 def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tensor], group_size: int, sym: bool,
-                       act_order: bool, device: torch.device) -> str:
+                       act_order: bool, device: torch.device, shard_bytes: int) -> str:
     """Quantize every decoder linear of model_dir to 4-bit GPTQ into out_dir; returns GPTQModel's version."""
     # GPTQModel sizes its CPU worker pool from this and stalls on a 2-core machine without it.
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
@@ -42,9 +44,33 @@ def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tenso
                                 offload_to_disk_path=os.path.join(scratch, "offload"))
         calibration = [{"input_ids": w.tolist(), "attention_mask": [1] * w.numel()} for w in windows]
         model = GPTQModel.load(str(model_dir), config, device=str(device))
+        model.layer_callback = _release_freed_heap
         model.quantize(calibration, batch_size=1)
-        model.save(str(out_dir))
+        model.save(str(out_dir), max_shard_size=shard_bytes)
     return gptqmodel.__version__
+
+
+def _release_freed_heap(layer_idx: int, submodule_finalized: bool) -> None:
+    """GPTQModel's layer-done hook: hand the memory the block freed back to the OS.
+
+    Each block frees its float weights, Hessians and activations, but glibc keeps the freed pages in its
+    arenas (the worker threads') for reuse: resident memory grew ~40 MB per 0.5B-shape block
+    (905 -> 1380 MB over 12 blocks) and the peak with it, though no tensor outlives its block.
+    malloc_trim returns those pages: the same run stays at 770-800 MB between blocks.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim():
+    """glibc's malloc_trim, or None (musl, macOS: nothing to trim this way)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
 
 
 @contextlib.contextmanager

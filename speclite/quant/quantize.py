@@ -102,7 +102,8 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
             from speclite.quant.gptq import gptqmodel_quantize
 
             progress.note("gptq: GPTQModel quantizes block by block (its per-layer log follows)")
-            version = gptqmodel_quantize(model_dir, staging, windows, group_size, sym, act_order, device)
+            version = gptqmodel_quantize(model_dir, staging, windows, group_size, sym, act_order, device,
+                                         shard_bytes)
             progress.note(f"gptq: written by GPTQModel {version}")
             finish(staging, out_dir, model_dir, None)
         else:
