@@ -38,13 +38,24 @@ def run(*args):
 @pytest.mark.parametrize("method, draft", [
     (None, "tiny-code-draft"), ("vanilla", "tiny-code-draft"), ("draft_model", "tiny-code-draft"),
     ("eagle3", "tiny-code-eagle3"), ("pard", "tiny-code-pard"), ("dflash", "tiny-code-dflash"),
-    # No own recommendation: a head method cannot run on the draft model, nor one that picks its draft's
-    # kind per configuration (hybrid: without a draft, the target's MTP module); n-gram methods take none.
-    ("mtp", None), ("medusa", None), ("hybrid", None), ("deterministic", None), ("none", None),
+    ("mtp", "tiny-code-mtp"), ("medusa", "tiny-code-medusa"), ("hybrid", "tiny-code-mtp"),
+    ("deterministic", None), ("none", None),  # n-gram methods and plain decoding take none
 ])
 def test_recommendation_per_method(method, draft):
     assert hub.recommended_draft("tiny-code", method=method) == draft
     assert hub.recommended_draft(str(ASSETS / "tiny-code"), method=method) == draft
+
+
+@pytest.mark.parametrize("method, draft", [
+    ("vanilla", "tiny-code-draft"), ("pard", "tiny-code-draft"),
+    # Without an own recommendation a head method cannot run on the draft model, nor one that picks
+    # its draft's kind per configuration (hybrid: without a draft, the target's MTP module).
+    ("eagle3", None), ("mtp", None), ("medusa", None), ("dflash", None), ("hybrid", None),
+])
+def test_only_draft_model_methods_fall_back_to_the_general_draft(tmp_path, method, draft):
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.tc]\npath = "{ASSETS / "tiny-code"}"\ndraft = "tiny-code-draft"\n')
+    assert hub.recommended_draft("tc", models, method=method) == draft
 
 
 def test_api_picks_the_methods_own_draft():
