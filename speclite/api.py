@@ -164,7 +164,7 @@ class LLM:
         method, draft_model, draft_dir = get_method(cfg.method), None, None
         # Without --draft, models.toml's recommendation for this method (an optional draft's too: an
         # MTP module named there is used rather than the target's own).
-        draft = (cfg.draft or hub.recommended_draft(self.model_name, models_file, cfg.method)
+        draft = (cfg.draft or hub.recommended_draft(self.model_name, models_file, method.recommends(cfg.options))
                  if method.takes_draft else None)
         if draft is None and method.needs_draft:
             raise SpecliteError(f"--sp-type {cfg.method} needs --draft"

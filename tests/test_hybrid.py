@@ -5,6 +5,7 @@ per-part acceptance matches a replay of the proposals against the output; bad fl
 
 import json
 import random
+import shutil
 
 import pytest
 import torch
@@ -13,13 +14,15 @@ from rich.console import Console
 from conftest import cli_generate, save_model, save_noisy_copy, decode_all
 from eagle3_heads import save_head
 from mtp_modules import add_module, save_separate
+from speclite import hub
+from speclite.api import SpecConfig
 from speclite.chat.view import Setup, stats_line, stats_panel
 from speclite.engine.loop import Speculation
 from speclite.model import load_model
 from speclite.quant import quantize_model
 from speclite.render import summary_table
 from speclite.sampling import SamplingParams
-from speclite.speculate import BuildContext, build_proposer, method_options
+from speclite.speculate import BuildContext, build_proposer, get_method, method_options
 from speclite.speculate.schedule import SpecLength
 from test_hardening import ASSETS, run_main
 from test_sampling_exact import one_thread
@@ -151,8 +154,7 @@ BAD_FLAGS = [
     ("negative steps", ["--hybrid-model-steps", "-1"], "--hybrid-model-steps must be at least 0"),
     ("unknown model", ["--hybrid-model", "medusa"], "--hybrid-model must be one of vanilla, eagle3, mtp"),
     ("unknown filler", ["--hybrid-fill", "lookup,tree"], "--hybrid-fill takes distinct names from lookup, suffix"),
-    ("no draft, no module", [], "--sp-type hybrid needs --draft"),
-    ("vanilla without draft", ["--hybrid-model", "vanilla"], "--hybrid-model vanilla needs --draft"),
+
     ("eagle3 given a model", ["--hybrid-model", "eagle3", "--draft", ASSETS / "tiny-code-draft"],
      "is not an EAGLE-3 head"),
     ("filler bounds", ["--sp-min-token-match", "3", "--sp-max-token-match", "2"], "need 1 <= --sp-min-token-match"),
@@ -168,6 +170,28 @@ def test_bad_flags_are_one_line(monkeypatch, capsys, tmp_path, name, flags, mess
     assert code == 1
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: ") and message in err, err
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "--sp-type hybrid needs --draft"),
+    (["--hybrid-model", "vanilla"], "--hybrid-model vanilla needs --draft"),
+])
+def test_no_draft_and_none_recommended_is_one_line(monkeypatch, capsys, tmp_path, flags, message):
+    """A target models.toml names no draft for (a copy of tiny-code) and that has no MTP module."""
+    target = shutil.copytree(ASSETS / "tiny-code", tmp_path / "target")
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"id": 0, "prompt": "def f():"}) + "\n")
+    code, err = run_main(monkeypatch, capsys, ["generate", "--model", target, "-i", inp, "-o", tmp_path / "out.jsonl",
+                                               "--sp-type", "hybrid", *flags])
+    assert code == 1 and len(err.strip().splitlines()) == 1 and err.startswith("error: ") and message in err, err
+
+
+@pytest.mark.parametrize("part, draft", [("", "tiny-code-mtp"), ("vanilla", "tiny-code-draft"),
+                                         ("eagle3", "tiny-code-eagle3")])
+def test_recommended_draft_follows_the_model_part(part, draft):
+    """Without --draft, hybrid takes models.toml's draft for its model part (its own entry by default)."""
+    cfg = SpecConfig("hybrid", options={"hybrid_model": part} if part else {}).validated()
+    assert hub.recommended_draft("tiny-code", method=get_method("hybrid").recommends(cfg.options)) == draft
 
 
 def test_cli_generate_equals_plain(dirs, tmp_path):

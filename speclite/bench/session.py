@@ -79,7 +79,8 @@ def _drafts_for(o: BenchOptions, draft: str | None, methods: list[str]) -> dict[
     draft, else models.toml's recommendation for that method."""
     if o.synthetic or draft:
         return {m: draft if get_method(m).takes_draft else None for m in methods}
-    return {m: hub.recommended_draft(o.model, o.models_file, m) for m in methods}
+    return {m: hub.recommended_draft(o.model, o.models_file, get_method(m).recommends(o.method_options or {}))
+            for m in methods}
 
 
 def run_bench(o: BenchOptions, on_start=None, on_run=None) -> dict:

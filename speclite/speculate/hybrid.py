@@ -149,4 +149,5 @@ register(Method(
     ),
     draft_is_model=lambda options, draft_dir: model_kind(options, draft_dir) == "vanilla",
     draft_optional=True, needs_target=True, check=_check, check_k=_check_k, in_default_sweep=False,
+    draft_method=lambda options: options.get("hybrid_model") or "hybrid",
 ))

@@ -96,10 +96,17 @@ class Method:
     # (base method, key): vLLM names this method as its base method with this speculative_config
     # key set true (PARD: `{"method": "draft_model", "parallel_drafting": true}`).
     vllm_flag: tuple[str, str] | None = None
+    # The method whose models.toml draft a configuration runs with when --draft is not given (hybrid:
+    # its --hybrid-model part's, once one is named). None: this method's own.
+    draft_method: Callable[[dict], str] | None = None
 
     @property
     def takes_draft(self) -> bool:
         return self.needs_draft or self.draft_optional
+
+    def recommends(self, options: dict) -> str:
+        """The method name to ask models.toml for this configuration's draft (see draft_method)."""
+        return self.draft_method(options) if self.draft_method is not None else self.name
 
     def loads_draft_model(self, options: dict, draft_dir: Path | None) -> bool:
         """Whether --draft is a decoder for speclite to load (see draft_is_model)."""
