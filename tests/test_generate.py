@@ -46,6 +46,18 @@ def test_stop_string_truncates_text(model_dirs):
     assert full.token_ids[: len(out.token_ids)] == out.token_ids
 
 
+def test_generate_text_equals_the_streamed_text_and_the_tokenizers_decoding(model_dirs, tokenizer):
+    # generate decodes once at the end; stream decodes as it goes: the same text either way.
+    llm = LLM(model_dirs["qwen2"])
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    for prompt in PROMPTS:
+        out = llm.generate(prompt, params)[0]
+        result = []
+        streamed = "".join(chunk.text for chunk in llm.stream(prompt, params, result=result))
+        assert out.token_ids == result[0].token_ids
+        assert out.text == streamed == result[0].text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
 def test_eos_stops_generation(model_dirs, tokenizer):
     llm = LLM(model_dirs["qwen2"])
     free = llm.generate("the quick brown", SamplingParams(max_new_tokens=12, ignore_eos=True))[0]

@@ -69,11 +69,14 @@ class Engine:
         params: SamplingParams,
         extra: dict | None = None,
         result: list | None = None,
+        texts: bool = True,
     ) -> Iterator[Chunk]:
         """Generate for one prompt, yielding chunks as they are verified.
 
         The finished RequestOutput is appended to `result` (if given) when the stream ends, also
-        when the consumer stops early (Ctrl-C in chat): what was generated so far is kept.
+        when the consumer stops early (Ctrl-C in chat): what was generated so far is kept. With
+        `texts` off the chunks carry no text and nothing is decoded before the end, unless a stop
+        string must be looked for (decoding twice per iteration cost ~25 us a token on the pair).
         """
         if not prompt_ids:
             raise SpecliteError("the prompt is empty")
@@ -89,9 +92,14 @@ class Engine:
         run = decode(self.target, cache, request, self.spec)
         detok = IncrementalDetokenizer(self.tokenizer)
         emitted, stop_at = 0, None
+        follow = texts or bool(params.stop)
         try:
             with torch.inference_mode():
                 for new in run:
+                    if not follow:
+                        detok.ids.extend(new)
+                        yield Chunk(new, "", run.stats)
+                        continue
                     text = detok.add(new)
                     stop_at = _find_stop(text, params.stop, emitted)
                     if stop_at is not None:
@@ -111,7 +119,7 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, extra: dict | None = None) -> RequestOutput:
         result: list[RequestOutput] = []
-        for _ in self.stream(prompt_ids, params, extra, result):
+        for _ in self.stream(prompt_ids, params, extra, result, texts=False):
             pass
         return result[0]
 
