@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from speclite import LLM, SamplingParams
-from speclite.sampling import sample, warp
+from speclite.sampling import argmax, sample, warp
 
 PROMPTS = ["def add(a, b):", "the quick brown", "import os\nimport sys\n", '{"id": 1, "name":']
 
@@ -136,3 +136,20 @@ def test_streamed_text_equals_final_text(model_dirs, tokenizer):
     detok = IncrementalDetokenizer(tokenizer)
     seen = [detok.add([t]) for t in ids]
     assert all("\ufffd" not in s for s in seen) and seen[-1] == detok.final() == "naïve café ☕ done"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("case", ["random", "ties", "nan", "all -inf", "strided row"])
+def test_argmax_is_torchs_first_largest_index(dtype, case):
+    torch.manual_seed(5)
+    logits = torch.randn(3, 4096, dtype=torch.float64).to(dtype)
+    row = logits[1]
+    if case == "ties":
+        row[[100, 7, 3000]] = row.max() + 1
+    elif case == "nan":
+        row[[900, 2000]] = float("nan")
+    elif case == "all -inf":
+        row.fill_(float("-inf"))
+    elif case == "strided row":
+        row = logits[:, 5]
+    assert argmax(row) == int(torch.argmax(row))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from speclite.sampling import sample, uniform, warp
+from speclite.sampling import argmax, sample, uniform, warp
 from speclite.model import Transformer
 from speclite.model.kv_cache import shared_prefix
 from speclite.speculate.base import Proposal, Proposer, RequestContext
@@ -23,7 +23,7 @@ def draw(logits: torch.Tensor, ctx: RequestContext) -> tuple[int, torch.Tensor |
     """One draft from its logits: the argmax when greedy, else a sample from the warped
     distribution (returned too, for rejection sampling) with the request's generator."""
     if ctx.params.greedy:
-        return int(torch.argmax(logits)), None
+        return argmax(logits), None
     q = warp(logits, ctx.params)
     return sample(q, uniform(ctx.generator)), q
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
-from speclite.sampling import sample, uniform, warp
+from speclite.sampling import argmax, sample, uniform, warp
 from speclite.speculate.base import Proposal, Proposer, RequestContext
 from speclite.speculate.eagle3.head import Eagle3Head
 
@@ -112,7 +112,7 @@ class Eagle3Proposer(Proposer):
         drafts, probs = [], []
         for i in range(k):
             if params.greedy:
-                token = int(self.head.target_ids[torch.argmax(logits)])
+                token = int(self.head.target_ids[argmax(logits)])
             else:
                 q = warp(self.head.to_target(logits, self.target_vocab), params)
                 token = sample(q, uniform(gen))
