@@ -74,3 +74,48 @@ def test_fused_layer_equals_the_modules_bit_for_bit(model_dirs, family, dtype, q
     for a, b, c in zip(whole, per_layer, modules):
         assert torch.equal(a, c) and torch.equal(b, c)
     assert all(torch.isfinite(t).all() for t in whole)
+
+
+@needs_kernels
+@pytest.mark.parametrize("quant", [None, "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cut", [False, True])
+def test_greedy_chain_equals_greedy_steps_one_by_one(model_dirs, dtype, quant, cut):
+    # A draft model's greedy chain in one call: the tokens and the cache of steps fed one at a time
+    # with the argmax of the first `vocab` logits (a draft vocabulary larger than the target's).
+    model = load_model(model_dirs["qwen2"], device="cpu", dtype=dtype)
+    g = torch.Generator().manual_seed(9)
+    # A head of its own (the tiny model ties it to the embedding, and then repeats its input token).
+    head = torch.randn(model.lm_head.weight.shape, generator=g).to(dtype)
+    model.lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
+    if quant:
+        model = quantize_model(model, quant, group_size=32)
+    vocab = model.args.vocab_size // 2 if cut else model.args.vocab_size
+    prompt = torch.randint(0, vocab, (6,), generator=g)
+    caches = [model.new_cache(24), model.new_cache(24)]
+    with torch.inference_mode():
+        for cache in caches:
+            model.step(prompt, cache, 1)
+        token, expected = int(prompt[-1]) // 2, []
+        for _ in range(9):
+            logits = model.step(torch.tensor([expected[-1] if expected else token]), caches[0]).logits[-1]
+            expected.append(int(torch.argmax(logits[:vocab])))
+        chain = model.greedy_chain(token, caches[1], 9, vocab)
+    assert chain == expected and len(set(chain)) > 1
+    assert caches[0].length == caches[1].length == 15
+    for (k0, v0), (k1, v1) in zip(caches[0].layers, caches[1].layers):
+        assert torch.equal(k0[:, :15], k1[:, :15]) and torch.equal(v0[:, :15], v1[:, :15])
+
+
+@needs_kernels
+def test_greedy_chain_declines_where_the_steps_must_run_one_by_one(model_dirs):
+    model = load_model(model_dirs["qwen2"], device="cpu")
+    cache = model.new_cache(8)
+    with torch.inference_mode():
+        model.step(torch.tensor([3, 4]), cache, 1)
+        assert model.greedy_chain(5, cache, 7, model.args.vocab_size) is None  # past the cache's end
+        hook = model.model.embed_tokens.register_forward_hook(lambda *_: None)
+        assert model.greedy_chain(5, cache, 2, model.args.vocab_size) is None  # the embedding's hook must fire
+        hook.remove()
+        assert len(model.greedy_chain(5, cache, 2, model.args.vocab_size)) == 2
+    assert cache.length == 4

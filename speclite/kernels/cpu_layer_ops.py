@@ -140,6 +140,21 @@ def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torc
     return out, captured, None if head is None else (normed, logits)
 
 
+def greedy_chain(layers: Layers, embed: torch.Tensor, token: int, cos: torch.Tensor, sin: torch.Tensor,
+                 cache_layers, start: int, vocab: int, steps: int) -> list[int]:
+    """`steps` greedy tokens after `token`, in one call and one thread team: the token embedded (embed
+    [V', H]) and run through every layer and layers.head at position start (cos/sin: the RoPE rows of
+    positions start.., consecutive), the argmax of its first `vocab` logits fed at start + 1, and so
+    on; the caches gain `steps` entries. The tokens k single decoder_layers steps would give."""
+    tokens = (ctypes.c_int * steps)()
+    caches_k, caches_v = layers.cache_pointers(cache_layers)
+    _library().speclite_greedy_chain(
+        layers.array, len(layers.layers), layers.head, embed.data_ptr(), token, caches_k, caches_v, DTYPES[embed.dtype],
+        cos.data_ptr(), sin.data_ptr(), cache_layers[0][0].shape[1], start, layers.layers[0].head_dim ** -0.5, vocab,
+        steps, tokens, torch.get_num_threads())
+    return list(tokens)
+
+
 @functools.cache
 def _library():
     return cpu_build.load("avx2", "layer_ops_avx2.cpp", FLAGS, {
@@ -148,4 +163,6 @@ def _library():
         "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
         "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
                                     ctypes.POINTER(Head), _I, _P, _P, _I],
+        "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
+                                  ctypes.POINTER(ctypes.c_int), _I],
     })

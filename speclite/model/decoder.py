@@ -386,6 +386,25 @@ class Transformer(nn.Module):
         cache.length = start + t
         return step
 
+    def greedy_chain(self, token: int, cache: KVCache, steps: int, vocab: int) -> list[int] | None:
+        """`steps` greedy tokens after `token`: token is fed, the argmax of the first `vocab` logits is
+        the next token and is fed, and so on (the cache gains `steps` entries). One C call on the CPU
+        where its kernels take the whole model, the embedding and head included; None where they do
+        not (or a sliding window or an embedding hook asks for the step-by-step path): the caller
+        then steps. A draft model's greedy chain, without Python between its tokens."""
+        start, embed = cache.length, self.model.embed_tokens
+        if (self.args.sliding_window is not None or type(embed) is not nn.Embedding or hooked([embed])
+                or start + steps > cache.max_len):
+            return None
+        x = embed.weight[token : token + 1]
+        layers = self.cpu_layers(x, cache)
+        if layers is None or layers.head is None:
+            return None
+        cos, sin = self.rope(slice(start, start + steps), cache.max_len, x.dtype, x.device)
+        tokens = cpu_layer_ops.greedy_chain(layers, embed.weight, token, cos, sin, cache.layers, start, vocab, steps)
+        cache.length = start + steps
+        return tokens
+
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor,
                        cache: KVCache, wants: Wants = NOTHING) -> Step:
         """A tree (or chain) of tokens at positions `pos` written to cache `slots` (consecutive),

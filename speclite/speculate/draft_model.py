@@ -74,8 +74,15 @@ class DraftModelProposer(Proposer):
                 self.drafts.append(token)
                 if q is not None:
                     probs.append(q)
-                if i < k - 1:
-                    logits = self._next_logits([token])
+                if i == k - 1:
+                    break
+                # Greedy: the rest of the chain in one call where the model can (the same tokens).
+                chain = self.ctx.params.greedy and getattr(self.model, "greedy_chain", None)
+                rest = chain and chain(token, self.cache, k - 1 - i, self.target_vocab)
+                if rest:
+                    self.drafts += rest
+                    break
+                logits = self._next_logits([token])
         return Proposal(self.drafts, torch.stack(probs) if probs else None)
 
     def observe(self, tokens: list[int], states=None) -> None:

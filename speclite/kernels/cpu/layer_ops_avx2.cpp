@@ -75,6 +75,47 @@ inline void layer_team(const Layer &ly, const Step &st, const void *x, void *out
     for (int64_t i = 0; i < (int64_t)M * H; i++) store(out, dt, i, to_float(out, dt, i) + to_float(down, dt, i));
 }
 
+// A model's layers (and head) run by a team: speclite_decoder_layers' body, shared with the greedy
+// chain. The buffers are the calling thread's (thread_local), shared by its team.
+struct Model {
+    const Layer *const *layers;
+    int n;
+    const Head *head;
+    Buffers &bufs;
+    Scratch &sc;
+    std::vector<char> &between;  // the states between layers, two in turn
+    int64_t bytes = 0;           // one state [M, H]
+
+    // Before the team forks (growing a buffer inside it would cost a barrier): what M rows and R
+    // logit rows need.
+    void reserve(int M, int R, int dt) {
+        bytes = (int64_t)M * layers[0]->qkv->k * (dt == F32 ? 4 : 2);
+        for (int i = 0; i < n; i++) bufs.reserve(*layers[i], M, dt, sc);
+        if (head) ::reserve(sc, *head->mats, R);
+        between.resize(2 * bytes);
+    }
+
+    // Run by every thread of the team; see speclite_decoder_layers. Ends in a barrier.
+    void forward_team(const Step &st, const void *x, void *out, void *const *captures, void *const *caches_k,
+                      void *const *caches_v, int R, void *normed, void *logits) const {
+        for (int i = 0; i < n; i++) {
+            const void *in = i == 0 ? x : between.data() + (i - 1) % 2 * bytes;
+            void *to = i == n - 1 ? out : between.data() + i % 2 * bytes;
+#pragma omp single nowait
+            if (captures[i]) memcpy(captures[i], in, bytes);
+            layer_team(*layers[i], st, in, to, caches_k[i], caches_v[i], bufs, sc);
+        }
+        if (head) {
+            // The layers' normed-input buffer is free now (row m of it holds row m's state).
+            char *to = normed ? (char *)normed : bufs.data.data();
+            const int H = (int)bufs.H, M = st.M;
+#pragma omp for schedule(static)
+            for (int m = normed ? 0 : M - R; m < M; m++) rms_norm_row(out, head->norm, to, st.dt, m, H, head->eps);
+            matmul_team(*head->mats, to + bytes / M * (M - R), st.dt, R, logits, sc);
+        }
+    }
+};
+
 }  // namespace
 
 extern "C" {
@@ -109,32 +150,46 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, v
                              const void *sin, const uint8_t *mask, int max_len, int start, int L, float scale,
                              const Head *head, int R, void *normed, void *logits, int threads) {
     const Step st{dt, M, cos, sin, mask, max_len, start, L, scale};
-    const int64_t bytes = (int64_t)M * layers[0]->qkv->k * (dt == F32 ? 4 : 2);
-    Buffers &bufs = layer_buffers;
-    Scratch &sc = scratch;
-    for (int i = 0; i < n; i++) bufs.reserve(*layers[i], M, dt, sc);
-    if (head) ::reserve(sc, *head->mats, R);
-    std::vector<char> &between = layer_states;  // the states between layers, two in turn
-    between.resize(2 * bytes);
+    Model model{layers, n, head, layer_buffers, scratch, layer_states};
+    model.reserve(M, R, dt);
 #pragma omp parallel num_threads(threads)
-    {
-        for (int i = 0; i < n; i++) {
-            const void *in = i == 0 ? x : between.data() + (i - 1) % 2 * bytes;
-            void *to = i == n - 1 ? out : between.data() + i % 2 * bytes;
-#pragma omp single nowait
-            if (captures[i]) memcpy(captures[i], in, bytes);
-            layer_team(*layers[i], st, in, to, caches_k[i], caches_v[i], bufs, sc);
-        }
-        if (head) {
-            // The layers' normed-input buffer is free now (row m of it holds row m's state).
-            char *to = normed ? (char *)normed : bufs.data.data();
-            const int H = (int)bufs.H;
-#pragma omp for schedule(static)
-            for (int m = normed ? 0 : M - R; m < M; m++) rms_norm_row(out, head->norm, to, dt, m, H, head->eps);
-            matmul_team(*head->mats, to + bytes / M * (M - R), dt, R, logits, sc);
-        }
+    model.forward_team(st, x, out, captures, caches_k, caches_v, R, normed, logits);
+    if (captures[n]) memcpy(captures[n], out, model.bytes);
+}
+
+// n greedy tokens after `token`, as n single steps of speclite_decoder_layers would give them, in one
+// team: the token's embedding row (embed [V', H], the activations' dtype) goes through the layers at
+// position start (cos/sin: the RoPE rows of positions start.., d values each), the head's argmax
+// over its first `vocab` logits is tokens[0] and is fed at start + 1, and so on: the cache gains n
+// entries. A draft model's chain without a return to Python per token (~60 us each on the pair).
+// The argmax is the first of equal maxima, a NaN counting as the largest, as torch.argmax.
+void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int token,
+                           void *const *caches_k, void *const *caches_v, int dt, const void *cos, const void *sin,
+                           int max_len, int start, float scale, int vocab, int steps, int *tokens, int threads) {
+    Model model{layers, n, head, layer_buffers, scratch, layer_states};
+    model.reserve(1, 1, dt);
+    const int H = layers[0]->qkv->k, d = layers[0]->head_dim, V = head->mats->n;
+    const int64_t es = dt == F32 ? 4 : 2;
+    std::vector<char> x(es * H), out(es * H), logits(es * V);
+    std::vector<void *> captures(n + 1, nullptr);
+    memcpy(x.data(), (const char *)embed + es * H * token, es * H);
+#pragma omp parallel num_threads(threads)
+    for (int i = 0; i < steps; i++) {
+        const Step st{dt, 1, (const char *)cos + es * d * i, (const char *)sin + es * d * i, nullptr, max_len,
+                      start + i, start + i + 1, scale};
+        model.forward_team(st, x.data(), out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
+#pragma omp single
+        {
+            int best = 0;
+            float top = to_float(logits.data(), dt, 0);
+            for (int v = 1; v < std::min(vocab, V) && !std::isnan(top); v++) {
+                const float f = to_float(logits.data(), dt, v);
+                if (f > top || std::isnan(f)) best = v, top = f;
+            }
+            tokens[i] = best;
+            memcpy(x.data(), (const char *)embed + es * H * best, es * H);
+        }  // the team waits here: the next step reads x
     }
-    if (captures[n]) memcpy(captures[n], out, bytes);
 }
 
 }  // extern "C"
