@@ -1,10 +1,15 @@
 """Plain generation: greedy equals transformers' generate; sampling, stop strings, limits."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from speclite import LLM, SamplingParams
+from speclite.engine import loop
+from speclite.kernels import cpu_layer_ops
+from speclite.model import Transformer
 from speclite.sampling import argmax, row_argmaxes, sample, warp
 
 PROMPTS = ["def add(a, b):", "the quick brown", "import os\nimport sys\n", '{"id": 1, "name":']
@@ -56,6 +61,39 @@ def test_generate_text_equals_the_streamed_text_and_the_tokenizers_decoding(mode
         streamed = "".join(chunk.text for chunk in llm.stream(prompt, params, result=result))
         assert out.token_ids == result[0].token_ids
         assert out.text == streamed == result[0].text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.skipif(not cpu_layer_ops.available(), reason="no AVX2 CPU or no C++ compiler here")
+def test_plain_greedy_decoding_in_chunks_equals_single_steps(model_dirs, monkeypatch):
+    # The target continuing itself for a chunk of steps in one call gives the tokens, statistics and
+    # cache of single steps, an EOS inside a chunk included, and the next request reuses that cache.
+    llm = LLM(model_dirs["qwen2"], device="cpu")
+    chains = []
+    greedy_chain = Transformer.greedy_chain
+
+    def spy(self, *args):
+        out = greedy_chain(self, *args)
+        chains.append(out)
+        return out
+
+    monkeypatch.setattr(Transformer, "greedy_chain", spy)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+
+    def run(chunk_s, eos=None):
+        monkeypatch.setattr(loop, "CHUNK_S", chunk_s)
+        llm.engine.eos_ids = {eos} if eos is not None else set()
+        first = llm.generate("def add(a, b):", replace(params, ignore_eos=eos is None))[0]
+        second = llm.generate("def add(a, b):" + first.text + "\n", params)[0]  # reuses the cached prefix
+        return [(o.token_ids, o.text, o.finish_reason, o.aux_info["iter_count"]) for o in (first, second)]
+
+    stepwise = run(0.0)
+    assert chains == []
+    assert run(1.0) == stepwise and any(chains)
+    eos = stepwise[0][0][20]
+    chains.clear()
+    chunked = run(1.0, eos)
+    assert chunked == run(0.0, eos) and any(chains)
+    assert chunked[0][0][-1] == eos and chunked[0][2] == "stop" and len(chunked[0][0]) <= 21
 
 
 def test_eos_stops_generation(model_dirs, tokenizer):

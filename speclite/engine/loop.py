@@ -5,7 +5,8 @@ token plus the drafts (a chain, or a tree under a tree mask) through the target 
 verifies, keeps the accepted path's cache entries and emits the accepted drafts plus one token
 from the target; the proposer observes them with the hidden states it asked for. With no proposer
 (k = 0) that is exactly plain decoding, so plain, naive and speculative runs share every line
-that decides which token comes out.
+that decides which token comes out; plain greedy decoding on the CPU kernels only batches its
+steps, a chunk per call (the same tokens as single steps, tested).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from speclite.speculate.schedule import SpecLength
 from speclite.speculate.verify import get_verifier, reject_all
 
 NO_DRAFTS = Proposal([])
+CHUNK_S = 0.02  # plain greedy decoding's chunk: seconds of steps per call (a decode step or more)
 
 
 @dataclass
@@ -84,7 +86,7 @@ class Decoding:
             spec.proposer.begin(prompt, ctx)
 
         try:
-            token, produced = prompt[-1], 0
+            token, produced, step_s = prompt[-1], 0, None
             while True:
                 room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
                 if room <= 0:
@@ -97,15 +99,29 @@ class Decoding:
                         proposal = spec.proposer.propose(k)
                 draft_s = time.perf_counter() - started
                 verify_started = time.perf_counter()
-                # One pass over the last committed token and every draft; a tree sees ancestors only.
                 start = cache.length
-                tree = None if proposal.is_chain else Tree.of(proposal.parents, device)
-                step = target.step(torch.tensor([token] + proposal.tokens, device=device), cache, tree=tree, wants=wants)
-                path, token = verifier(proposal, step.logits, params, generator)
-                rows = [0] + [1 + i for i in path]  # the forward's rows that stand
-                cache.keep([start + r for r in rows])
-                new = [proposal.tokens[i] for i in path] + [token]
+                # Plain greedy decoding, once a step is timed: the target continues itself for a
+                # chunk of steps in one call where its CPU kernels can (the tokens of single steps,
+                # without Python between them), the chunk streamed about every CHUNK_S. Not with a
+                # stop string: the engine looks for it after every token.
+                chunk = None
+                if spec is None and params.greedy and not params.stop and step_s and room > 1:
+                    n = min(room, int(CHUNK_S / step_s))
+                    chunk = target.greedy_chain(token, cache, n, target.args.vocab_size) if n > 1 else None
+                if chunk:
+                    path, new = [], chunk
+                else:
+                    # One pass over the last committed token and every draft; a tree sees ancestors only.
+                    tree = None if proposal.is_chain else Tree.of(proposal.parents, device)
+                    step = target.step(torch.tensor([token] + proposal.tokens, device=device), cache, tree=tree,
+                                       wants=wants)
+                    path, token = verifier(proposal, step.logits, params, generator)
+                    rows = [0] + [1 + i for i in path]  # the forward's rows that stand
+                    cache.keep([start + r for r in rows])
+                    new = [proposal.tokens[i] for i in path] + [token]
+                token = new[-1]
                 verify_s = time.perf_counter() - verify_started
+                step_s = verify_s / len(new)
                 stats.draft_s += draft_s
                 stats.verify_s += verify_s
 
@@ -119,7 +135,12 @@ class Decoding:
                         self.finish_reason = "stop"
                         break
                 produced += len(new)
-                stats.record(len(proposal.tokens), len(path), len(new), proposal.depth(), proposal.parts)
+                if chunk:
+                    cache.rollback(start + len(new))  # what was fed after an EOS goes
+                    for _ in new:  # a chunk is that many plain steps
+                        stats.record(0, 0, 1)
+                else:
+                    stats.record(len(proposal.tokens), len(path), len(new), proposal.depth(), proposal.parts)
                 yield new
                 if self.finish_reason == "stop":
                     return
