@@ -391,7 +391,8 @@ class Transformer(nn.Module):
         the next token and is fed, and so on (the cache gains `steps` entries). One C call on the CPU
         where its kernels take the whole model, the embedding and head included; None where they do
         not (or a sliding window or an embedding hook asks for the step-by-step path): the caller
-        then steps. A draft model's greedy chain, without Python between its tokens."""
+        then steps. A draft model's greedy chain and plain greedy decoding's chunks, without Python
+        between their tokens."""
         start, embed = cache.length, self.model.embed_tokens
         if (self.args.sliding_window is not None or type(embed) is not nn.Embedding or hooked([embed])
                 or start + steps > cache.max_len):

@@ -342,8 +342,8 @@ inline void dispatch(const K &k, int m, int mr, int n, int nr, int step) {
 // A tile takes one column from each of NR equal parts of the thread's range, so the thread reads NR
 // long sequential weight streams (consecutive weight rows are adjacent) instead of NR short
 // interleaved ones the prefetchers lose track of. One or two rows (a decode step, a short
-// verification): 6 columns in flight, 12-17% faster than 4 where the weights sit in the L3 (the
-// embedded pair) and even from DRAM. More rows: 4 x 3 tiles (measured best of 4x2, 4x3, 3x4, 5x2),
+// verification): 6 columns in flight (faster than 4 where the weights sit in the L3, as the embedded
+// pair's do; even from DRAM). More rows: 4 x 3 tiles (measured best of 4x2, 4x3, 3x4, 5x2),
 // each chunk of rows reusing the weights its first tile streamed in. Tiles only share loads: the
 // numbers are those of any other tiling.
 template <int MR, int NR>

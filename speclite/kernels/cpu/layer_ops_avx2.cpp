@@ -161,7 +161,7 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, v
 // team: the token's embedding row (embed [V', H], the activations' dtype) goes through the layers at
 // position start (cos/sin: the RoPE rows of positions start.., d values each), the head's argmax
 // over its first `vocab` logits is tokens[0] and is fed at start + 1, and so on: the cache gains n
-// entries. A draft model's chain without a return to Python per token (~60 us each on the pair).
+// entries. A draft model's chain, or plain greedy decoding, without a return to Python per token.
 // The argmax is the first of equal maxima, a NaN counting as the largest, as torch.argmax.
 void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int token,
                            void *const *caches_k, void *const *caches_v, int dt, const void *cos, const void *sin,
