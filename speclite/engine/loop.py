@@ -87,6 +87,7 @@ class Decoding:
 
         try:
             token, produced, step_s = prompt[-1], 0, None
+            chunked = spec is None and params.greedy and not params.stop  # may plain steps go in chunks
             while True:
                 room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
                 if room <= 0:
@@ -103,11 +104,12 @@ class Decoding:
                 # Plain greedy decoding, once a step is timed: the target continues itself for a
                 # chunk of steps in one call where its CPU kernels can (the tokens of single steps,
                 # without Python between them), the chunk streamed about every CHUNK_S. Not with a
-                # stop string: the engine looks for it after every token.
+                # stop string: the engine looks for it after every token. Declined once (no kernels
+                # for this model or device), declined for the request.
                 chunk = None
-                if spec is None and params.greedy and not params.stop and step_s and room > 1:
-                    n = min(room, int(CHUNK_S / step_s))
-                    chunk = target.greedy_chain(token, cache, n, target.args.vocab_size) if n > 1 else None
+                if chunked and step_s and min(room, int(CHUNK_S / step_s)) > 1:
+                    chunk = target.greedy_chain(token, cache, min(room, int(CHUNK_S / step_s)), target.args.vocab_size)
+                    chunked = chunk is not None
                 if chunk:
                     path, new = [], chunk
                 else:
