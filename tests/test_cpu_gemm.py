@@ -135,10 +135,11 @@ def test_a_row_alone_equals_that_row_in_a_batch_bit_for_bit(dtype):
         for name in batch:
             assert alone[name].dtype == dtype
             assert torch.equal(alone[name][0], batch[name][i]), (name, i)
-    for i in (0, 7, 39):  # two rows (a short verification) have tiles of their own too
-        pair = _calls(x[i:i + 2], n, k)
+    # Short verifications have tiles of their own (two rows; rows left over after 4-row tiles).
+    for i, rows in ((0, 2), (7, 2), (39, 2), (0, 5), (11, 6), (30, 7)):
+        few = _calls(x[i:i + rows], n, k)
         for name in batch:
-            assert torch.equal(pair[name], batch[name][i:i + 2]), (name, i)
+            assert torch.equal(few[name], batch[name][i:i + rows]), (name, i, rows)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
