@@ -54,20 +54,29 @@ print(rss("VmHWM") - base)
 """
 MB = 1024**2
 TOKENIZER = Path(speclite.__file__).parent / "assets" / "tiny-code"
-# 8 blocks of 512 x 2048: measured 195 MB above the imports with the per-block trim, 244 MB without
-# it (the freed heap kept ~6 MB per block). A budget between the two.
-BUDGET = 220 * MB
+# Blocks of 512 x 2048, the peak above the imports (one machine, 2026-11-23): with the per-block trim
+# 219 MB for 4 blocks and 195 for 12, 198 for 4 and 206 for 16; without it 191 and 281 (4 and 12),
+# 231 and 269 (4 and 16): the freed heap kept up to ~11 MB per block. The same run's absolute peak
+# moved by 30 MB between runs and days (195-237 MB for 8 blocks), so the test compares two runs:
+# 12 more blocks may not add more than GROWTH.
+GROWTH = 30 * MB
 
 
-def test_gptq_peak_does_not_grow_with_the_blocks(tmp_path):
+def _peak(tmp_path, blocks: int) -> int:
     from speclite.synthetic import build_synthetic, synthetic_config
 
     config = {**synthetic_config("qwen2.5-0.5b"), "hidden_size": 512, "intermediate_size": 2048,
-              "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 4224}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    model = build_synthetic(str(tmp_path / "config.json"), tmp_path / "model", tokenizer_from=TOKENIZER)
-    run = subprocess.run([sys.executable, "-c", SCRIPT, str(model), str(tmp_path / "q")], cwd=tmp_path,
+              "num_hidden_layers": blocks, "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 4224}
+    root = tmp_path / str(blocks)
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(config))
+    model = build_synthetic(str(root / "config.json"), root / "model", tokenizer_from=TOKENIZER)
+    run = subprocess.run([sys.executable, "-c", SCRIPT, str(model), str(root / "q")], cwd=root,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    peak = int(run.stdout.strip().splitlines()[-1])
-    assert peak < BUDGET, f"{peak / MB:.0f} MB above the imports"
+    return int(run.stdout.strip().splitlines()[-1])
+
+
+def test_gptq_peak_does_not_grow_with_the_blocks(tmp_path):
+    few, many = _peak(tmp_path, 4), _peak(tmp_path, 16)
+    assert many - few < GROWTH, f"{few / MB:.0f} MB for 4 blocks, {many / MB:.0f} MB for 16"
