@@ -106,9 +106,9 @@ class Decoding:
                 # without Python between them), the chunk streamed about every CHUNK_S. Not with a
                 # stop string: the engine looks for it after every token. Declined once (no kernels
                 # for this model or device), declined for the request.
-                chunk = None
-                if chunked and step_s and min(room, int(CHUNK_S / step_s)) > 1:
-                    chunk = target.greedy_chain(token, cache, min(room, int(CHUNK_S / step_s)), target.args.vocab_size)
+                chunk, n = None, min(room, int(CHUNK_S / step_s)) if chunked and step_s else 0
+                if n > 1:
+                    chunk = target.greedy_chain(token, cache, n, target.args.vocab_size)
                     chunked = chunk is not None
                 if chunk:
                     path, new = [], chunk
