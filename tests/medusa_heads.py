@@ -4,7 +4,9 @@ Written from the formats' description, not from speclite's code:
 - FasterDecoding/Medusa: config.json {medusa_num_heads, medusa_num_layers}, tensors `{i}.{j}.linear.weight/bias`
   (block j of head i) and `{i}.{num_layers}.weight` (its lm_head) in medusa_lm_head.safetensors or .pt;
 - vLLM: config.json {model_type: medusa, num_heads, num_hidden_layers, hidden_size, vocab_size}, tensors
-  `blocks.{i}.layers.{j}.weight/bias` and `lm_heads.{i}.weight` in model.safetensors.
+  `blocks.{i}.layers.{j}.weight/bias` and `lm_heads.{i}.weight` in model.safetensors;
+- vLLM with `original_lm_head` and only the blocks saved ("vllm-target-head"): every head uses the
+  target's own lm_head, `base`.
 """
 
 import json
@@ -44,7 +46,13 @@ def save_heads(path, layout, hidden, vocab, heads=3, layers=1, seed=0, base=None
     """Random heads written in `layout` (one of LAYOUTS); returns their tensors under Medusa's names."""
     path.mkdir(parents=True, exist_ok=True)
     t = head_tensors(hidden, vocab, heads, layers, seed, base)
-    if layout == "vllm":
+    if layout == "vllm-target-head":
+        t.update({f"{i}.{layers}.weight": base.detach().float() for i in range(heads)})
+        cfg = dict(model_type="medusa", num_heads=heads, num_hidden_layers=layers, hidden_size=hidden,
+                   vocab_size=vocab, medusa_fc_bias=True, original_lm_head=True)
+        blocks = {k: v.contiguous() for k, v in to_vllm(t, heads, layers).items() if k.startswith("blocks.")}
+        save_file(blocks, str(path / "model.safetensors"))
+    elif layout == "vllm":
         cfg = dict(model_type="medusa", architectures=["MedusaModel"], num_heads=heads, num_hidden_layers=layers,
                    hidden_size=hidden, vocab_size=vocab, truncated_vocab_size=vocab, medusa_fc_bias=True)
         save_file({k: v.contiguous() for k, v in to_vllm(t, heads, layers).items()}, str(path / "model.safetensors"))

@@ -14,7 +14,7 @@ from speclite.model.loader import load_model
 from speclite.model.step import Step
 from speclite.sampling import SamplingParams
 from speclite.speculate import BuildContext, RequestContext, build_proposer, method_options
-from speclite.speculate.medusa import MedusaProposer, load_heads
+from speclite.speculate.medusa import MedusaProposer, load_draft, load_heads
 from speclite.speculate.medusa.tree import default_tree, parse_tree
 
 HIDDEN = 48
@@ -86,6 +86,33 @@ def test_medusa2_config_and_vllm_variants(tmp_path, target):
     heads = load(tmp_path / "shared", target)
     torch.testing.assert_close(heads(state).double(), reference_logits(shared, state, 2, 1), atol=1e-4, rtol=1e-4)
     assert heads.heads[1].lm_head.weight is heads.heads[0].lm_head.weight
+
+
+def test_heads_without_an_lm_head_use_the_targets(tmp_path, target):
+    """vLLM's original_lm_head with only the blocks saved: the target's lm_head, not a copy, and
+    --draft-quant leaves it as the target has it."""
+    state = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(2))
+    t = save_heads(tmp_path, "vllm-target-head", HIDDEN, target.args.vocab_size, heads=3, layers=2, seed=6,
+                   base=target.lm_head.weight)
+    weight = target.lm_head.weight.clone()
+    for quant in (None, "int8"):
+        heads = load_draft(tmp_path, target, quant)
+        assert heads.shared == [target.lm_head] and not any("lm_head" in n for n, _ in heads.named_parameters())
+        torch.testing.assert_close(heads(state).double(), reference_logits(t, state, 3, 2), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(heads(state, 2).double(), reference_logits(t, state, 2, 2), atol=1e-4, rtol=1e-4)
+        assert target.lm_head.weight.dtype == torch.float32 and torch.equal(target.lm_head.weight, weight)
+
+
+@pytest.mark.parametrize("layers, hidden, message", [
+    (1, 32, f"has blocks of shape (32, 32) but the target's hidden size is {HIDDEN}"),
+    (0, HIDDEN, "has neither residual blocks nor an lm_head of its own"),
+])
+def test_misfit_blocks_without_an_lm_head_are_one_line_errors(tmp_path, target, layers, hidden, message):
+    save_heads(tmp_path, "vllm-target-head", hidden, target.args.vocab_size, heads=2, layers=layers,
+               base=torch.randn(target.args.vocab_size, hidden))
+    with pytest.raises(SpecliteError) as e:
+        load(tmp_path, target)
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("change, message", [

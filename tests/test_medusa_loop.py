@@ -53,7 +53,7 @@ def target(tmp_path_factory):
 def heads(tmp_path_factory, target):
     """Heads started from the target's lm_head, as Medusa trains them: they agree with it at times."""
     root = tmp_path_factory.mktemp("medusa-heads")
-    for layout in ("medusa", "vllm"):
+    for layout in ("medusa", "vllm", "vllm-target-head"):
         save_heads(root / layout, layout, 64, target.args.vocab_size, heads=4, seed=3, base=target.lm_head.weight)
     return root
 
@@ -88,7 +88,7 @@ def test_heads_read_the_state_of_the_row_before_the_newest_token(target, heads):
         torch.testing.assert_close(state, final[len(seq) - 2], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("layout", ["medusa", "vllm"])
+@pytest.mark.parametrize("layout", ["medusa", "vllm", "vllm-target-head"])
 def test_greedy_chain_and_tree_identical_to_plain(target, heads, layout):
     plain = [generate(target, p)[0] for p in PROMPTS]
     for k, kw in [(1, {}), (2, {}), (4, {}), (8, {}), (3, {"topk": 2}), (6, {"topk": 3}), (9, {"tree": parse_tree(TREE)}),
@@ -103,7 +103,7 @@ def test_greedy_chain_and_tree_identical_to_plain(target, heads, layout):
 
 def test_int4_target_and_int4_heads(tmp_path, heads):
     target = quantize_model(save_target(tmp_path), "int4", group_size=32)
-    for layout in ("medusa", "vllm"):
+    for layout in ("medusa", "vllm", "vllm-target-head"):
         for k, kw, quant in ((3, {}, None), (5, {"topk": 2}, "int4")):
             s = spec(target, heads / layout, k, quant, **kw)
             for prompt in PROMPTS[:3]:

@@ -1,9 +1,10 @@
 """Medusa heads: from the target's final normed state, head i predicts the token i + 2 places ahead.
 
-Head i is `num_layers` residual blocks x + SiLU(W x + b) and its own lm_head (no bias). The target's
-own logits give the next token; head 0 guesses the one after it, head 1 the one after that, and
-so on. Submodule names: heads.{i}.layers.{j}, heads.{i}.lm_head (load.py maps both published
-layouts onto them); each head's `lm_head` is what --draft-quant quantizes, as for a model's.
+Head i is `num_layers` residual blocks x + SiLU(W x + b) and an lm_head (no bias): its own, or the
+target's (vLLM's `original_lm_head` with no head in the checkpoint). The target's own logits give
+the next token; head 0 guesses the one after it, head 1 the one after that, and so on. Submodule
+names: heads.{i}.layers.{j}, heads.{i}.lm_head (load.py maps both published layouts onto them);
+each head's own `lm_head` is what --draft-quant quantizes, as for a model's.
 """
 
 from __future__ import annotations
@@ -15,27 +16,32 @@ from speclite.model.decoder import Linear, ModelArgs
 
 
 class MedusaHead(nn.Module):
-    def __init__(self, hidden: int, vocab: int, num_layers: int, bias: bool):
+    def __init__(self, hidden: int, vocab: int, num_layers: int, bias: bool, own_head: bool = True):
         super().__init__()
         self.layers = nn.ModuleList([Linear(hidden, hidden, bias=bias) for _ in range(num_layers)])
-        self.lm_head = Linear(hidden, vocab, bias=False)
+        self.lm_head = Linear(hidden, vocab, bias=False) if own_head else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def blocks(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             x = x + nn.functional.silu(layer(x))
-        return self.lm_head(x)
+        return x
 
 
 class MedusaHeads(nn.Module):
-    def __init__(self, args: ModelArgs, num_heads: int, num_layers: int, bias: bool):
+    def __init__(self, args: ModelArgs, num_heads: int, num_layers: int, bias: bool, own_head: bool = True):
         super().__init__()
         self.args = args  # the target's: the heads read its final state and predict over its vocabulary
-        self.heads = nn.ModuleList([MedusaHead(args.hidden_size, args.vocab_size, num_layers, bias)
+        self.heads = nn.ModuleList([MedusaHead(args.hidden_size, args.vocab_size, num_layers, bias, own_head)
                                     for _ in range(num_heads)])
+        self.shared: list[nn.Module] = []  # the target's lm_head when the heads have none: not a
+        # submodule, so --draft-quant and memory reports leave the target's weights alone
 
     def __len__(self) -> int:
         return len(self.heads)
 
     def forward(self, state: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """Logits [n, ..., V] of the first n heads (all by default) for final states [..., H]."""
-        return torch.stack([head(state) for head in self.heads[:n]])
+        states = [head.blocks(state) for head in self.heads[:n]]
+        if self.shared:  # one product over every head's rows
+            return self.shared[0](torch.stack(states))
+        return torch.stack([head.lm_head(x) for head, x in zip(self.heads, states)])

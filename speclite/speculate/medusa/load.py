@@ -7,7 +7,8 @@ Two layouts load:
   `{i}.{num_layers}.weight` (head i's lm_head). Hidden size and vocabulary come from the tensors.
 - vLLM (`model_type: "medusa"`): `num_heads`, `num_hidden_layers`, `hidden_size`, `vocab_size`;
   tensors `blocks.{i}.layers.{j}.weight` (+ `.bias` when `medusa_fc_bias`) and `lm_heads.{i}.weight`,
-  or one shared `lm_head` when `original_lm_head` is set.
+  or one shared `lm_head` when `original_lm_head` is set; with `original_lm_head` and no lm_head
+  tensor at all, every head uses the target's own lm_head (the original one, never copied).
 """
 
 from __future__ import annotations
@@ -100,9 +101,17 @@ def module_names(tensors: dict, hc: HeadConfig, where: Path) -> dict[str, torch.
     return out
 
 
-def check_fits(tensors: dict, target: ModelArgs, where: Path) -> None:
+def check_fits(tensors: dict, hc: HeadConfig, target: ModelArgs, where: Path) -> None:
     """A head built for another target (hidden size, vocabulary) is a one-line error."""
     lm_head = tensors.get("heads.0.lm_head.weight")
+    if lm_head is None and uses_target_head(tensors, hc):
+        block = tensors.get("heads.0.layers.0.weight")
+        if block is None or block.dim() != 2:
+            raise SpecliteError(f"{where}: the Medusa head has neither residual blocks nor an lm_head of its own")
+        if tuple(block.shape) != (target.hidden_size, target.hidden_size):
+            raise SpecliteError(f"Medusa head {where} has blocks of shape {tuple(block.shape)} but the target's "
+                                f"hidden size is {target.hidden_size}")
+        return
     if lm_head is None or lm_head.dim() != 2:
         raise SpecliteError(f"{where}: the Medusa head has no lm_head for head 0")
     vocab, hidden = lm_head.shape
@@ -113,16 +122,23 @@ def check_fits(tensors: dict, target: ModelArgs, where: Path) -> None:
                             f"{target.vocab_size}")
 
 
+def uses_target_head(tensors: dict, hc: HeadConfig) -> bool:
+    """vLLM's original_lm_head with no lm_head in the checkpoint: the heads use the target's."""
+    return hc.shared_lm_head and not any(".lm_head." in name for name in tensors)
+
+
 def load_heads(head_dir: str | Path, target: ModelArgs, device, dtype) -> MedusaHeads:
+    """The heads of head_dir; where they use the target's lm_head (uses_target_head) the caller
+    appends it to `shared`."""
     head_dir = Path(head_dir)
     hc = parse_config(read_config(head_dir), str(head_dir))
     tensors = module_names(read_head_tensors(head_dir), hc, head_dir)
-    check_fits(tensors, target, head_dir)
+    check_fits(tensors, hc, target, head_dir)
     bias = any(name.endswith(".bias") for name in tensors)  # always in Medusa's; vLLM's medusa_fc_bias
     with torch.device("meta"):
-        heads = MedusaHeads(target, hc.num_heads, hc.num_layers, bias)
+        heads = MedusaHeads(target, hc.num_heads, hc.num_layers, bias, own_head=not uses_target_head(tensors, hc))
     _load_dense(heads, tensors, dtype, device, head_dir)
-    if hc.shared_lm_head:  # one copy in memory, as in the checkpoint
+    if hc.shared_lm_head and heads.heads[0].lm_head is not None:  # one copy in memory, as in the checkpoint
         for head in heads.heads[1:]:
             head.lm_head.weight = heads.heads[0].lm_head.weight
     return heads.eval()
