@@ -13,7 +13,8 @@ a draft is accepted when it matches the target, not the data. The data are train
   vocabulary of the most frequent training tokens (d2t / t2d).
 - mtp: a DeepSeek-V3-layout MTP module (enorm, hnorm, eh_proj, one Qwen2 block, shared_head.norm;
   the target's lm_head) over the target's final normed state, unrolled the same way.
-- medusa: Medusa heads (one residual block each, original format) over the final normed state;
+- medusa: Medusa heads (one residual block each) over the final normed state, through the target's
+  own lm_head (vLLM layout, `original_lm_head` with no head saved: the heads are 0.5 MB, not 8.9);
   head i learns the target's distribution i + 1 tokens after the next.
 - pard: tiny-code-draft adapted as a PARD parallel draft: after each real token t, up to
   `--steps-ahead` - 1 mask tokens predict tokens t + 2.. ; conditional drop-token keeps every
@@ -160,14 +161,15 @@ def medusa_loss(heads, step, window):
 
 
 def new_medusa(target, args) -> tuple[MedusaHeads, dict]:
-    heads = MedusaHeads(target.args, args.steps_ahead, 1, bias=True)
+    heads = MedusaHeads(target.args, args.steps_ahead, 1, bias=True, own_head=False)
+    heads.shared.append(target.lm_head)  # frozen with the target
     with torch.no_grad():
-        for head in heads.heads:  # Medusa starts each head from the base model's lm_head, blocks at zero
-            head.lm_head.weight.copy_(target.lm_head.weight)
+        for head in heads.heads:  # blocks at zero: each head starts as the target's next-token guess
             head.layers[0].weight.zero_()
             head.layers[0].bias.zero_()
-    config = {"medusa_num_heads": args.steps_ahead, "medusa_num_layers": 1, "hidden_size": target.args.hidden_size,
-              "vocab_size": target.args.vocab_size, "base_model_name_or_path": "tiny-code"}
+    config = {"model_type": "medusa", "num_heads": args.steps_ahead, "num_hidden_layers": 1,
+              "hidden_size": target.args.hidden_size, "vocab_size": target.args.vocab_size,
+              "medusa_fc_bias": True, "original_lm_head": True, "base_model_name_or_path": "tiny-code"}
     return heads, config
 
 
@@ -259,11 +261,10 @@ def save_mtp(module, config, out):
 
 def save_medusa(heads, config, out):
     tensors = {}
-    for i, head in enumerate(heads.heads):  # FasterDecoding/Medusa's names
-        tensors[f"{i}.0.linear.weight"] = head.layers[0].weight
-        tensors[f"{i}.0.linear.bias"] = head.layers[0].bias
-        tensors[f"{i}.1.weight"] = head.lm_head.weight
-    save_file(bf16(tensors), out / "medusa_lm_head.safetensors")
+    for i, head in enumerate(heads.heads):  # vLLM's names; no lm_head: the target's
+        tensors[f"blocks.{i}.layers.0.weight"] = head.layers[0].weight
+        tensors[f"blocks.{i}.layers.0.bias"] = head.layers[0].bias
+    save_file(bf16(tensors), out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -330,7 +331,7 @@ def main():
             torch.save((train_stream, heldout_stream), cache)
     print(f"{len(train_stream)} train tokens, {len(heldout_stream)} held-out; {time.time() - began:.0f}s", flush=True)
 
-    target = load_model(args.target, device="cpu", dtype=torch.float32)
+    target = load_model(args.target, device="cpu", dtype=torch.float32).requires_grad_(False)
     vocab = target.args.vocab_size
     vocab_ids = torch.arange(vocab)
     wants = Wants(final=True)
