@@ -77,7 +77,7 @@ def spec_options(f):
                      help="Quantize the draft at load time: fp8-block / FP8_PER_BLOCK, int4 / INT4, w8a8 / W8A8, nf4."),
         click.option("--gen-num-per-cycle", "k", default=None,
                      help="Drafts per iteration, or 'auto' to adapt to acceptance and cost "
-                     "[default: 4; dflash: the drafter's block size - 1]."),
+                     "[default: 4; dflash: the drafter's block size - 1; suffix: 32]."),
         click.option("--verify", type=click.Choice(list(VERIFIERS)), default=None,
                      help="Default: greedy at temperature 0, rejection (lossless) otherwise."),
         click.option("--accept-policy", type=click.Choice(list(POLICIES)), default="normal",

@@ -49,6 +49,19 @@ def test_greedy_identical_to_plain_tiny_code(plain_outputs, k):
     assert accepted > 0 and proposer.responses.tokens == 2 * len(PROMPTS) * 32
 
 
+def test_default_k_lets_long_repeats_through_in_few_verifications(plain_outputs):
+    """No --gen-num-per-cycle: up to 32 drafts (vLLM's suffix default), only as many as a match carries."""
+    llm = LLM("tiny-code", SpecConfig(method="suffix"))
+    assert llm.spec_config.k == 32 and LLM("tiny-code", SpecConfig(method="suffix", k="auto")).engine.spec.length.k_max == 32
+    iterations = []
+    for prompt in PROMPTS + PROMPTS:  # the second round repeats the first round's answers
+        out = llm.generate(prompt, GREEDY)[0]
+        assert out.token_ids == plain_outputs[prompt], prompt
+        iterations.append(out.aux_info["iter_count"])
+    # With at most 4 drafts an iteration, 32 tokens take at least 7 iterations.
+    assert min(iterations[len(PROMPTS):]) < 32 / 5, iterations
+
+
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_greedy_identical_to_plain_random_models(model_dirs, family):
     plain_llm = LLM(model_dirs[family])

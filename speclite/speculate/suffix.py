@@ -22,6 +22,11 @@ from speclite.speculate.registry import Method, Option, register
 from speclite.speculate.suffix_cache import ResponseCache
 from speclite.speculate.suffix_tree import SuffixTree, advance, continuation, has_continuation, matches
 
+# The most drafts per iteration without --gen-num-per-cycle (vLLM's default for suffix too): a draft
+# is only as long as its match and its likely tokens allow, so the cap costs nothing on short matches
+# and lets long repeats go through in few verifications.
+MAX_DRAFTS = 32
+
 
 class SuffixProposer(Proposer):
     name = "suffix"
@@ -149,5 +154,5 @@ register(Method(
         Option("suffix_cache", str, "", "Load earlier responses from FILE if it exists; save them there after "
                "each request.", "--suffix-cache"),
     ),
-    check=_check,
+    check=_check, default_k=lambda proposer: MAX_DRAFTS,
 ))
