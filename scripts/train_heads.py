@@ -20,6 +20,11 @@ a draft is accepted when it matches the target, not the data. The data are train
   `--steps-ahead` - 1 mask tokens predict tokens t + 2.. ; conditional drop-token keeps every
   anchor for the first mask and a random half of the previous depth's anchors for each next one.
 
+`--target-text N` trains on the target's own greedy continuations instead of the corpus: N windows
+of the training split cut to `--prompt-len` tokens, each continued greedily by the target to
+`--seq-len` (self-distillation data, as EAGLE and Medusa-2 regenerate theirs with the target: a draft
+then learns the text it will be asked to draft at run time). Held-out figures stay on the corpus.
+
     nice -n 10 python scripts/train_heads.py --method eagle3 --out-dir speclite/assets
 """
 
@@ -60,6 +65,36 @@ def causal_blocks(b: int, s: int) -> torch.Tensor:
     """[b*s, b*s]: b windows packed as one sequence, each causal over itself only."""
     within = torch.ones(s, s, dtype=torch.bool).tril()
     return torch.block_diag(*[within] * b)
+
+
+def target_text(args, train_stream: torch.Tensor) -> torch.Tensor:
+    """[N, seq_len]: --target-text windows of the training split, each cut to --prompt-len tokens and
+    continued greedily by the target (speclite's own decoding; cached in --target-text-cache)."""
+    cache = Path(args.target_text_cache) if args.target_text_cache else None
+    if cache is not None and cache.exists():
+        texts = torch.load(cache)
+        if texts.shape == (args.target_text, args.seq_len):
+            return texts
+    from speclite import LLM, SamplingParams
+
+    llm = LLM(args.target, device="cpu", dtype=torch.float32)
+    params = SamplingParams(max_new_tokens=args.seq_len - args.prompt_len, ignore_eos=True)
+    prompts = next(batches(train_stream, args.target_text, args.prompt_len - 1, torch.Generator().manual_seed(DATA_SEED)))
+    began, out = time.time(), []
+    for i, prompt in enumerate(prompts.tolist()):
+        out.append(prompt + llm.engine.generate(prompt, params).token_ids)
+        if (i + 1) % 200 == 0:
+            print(f"target text {i + 1}/{len(prompts)} {time.time() - began:.0f}s", flush=True)
+    texts = torch.tensor(out, dtype=torch.long)
+    if cache is not None:
+        torch.save(texts, cache)
+    return texts
+
+
+def rows(texts: torch.Tensor, batch_size: int, rng: torch.Generator):
+    """Endless batches of random rows of texts [N, S]."""
+    while True:
+        yield texts[torch.randint(0, len(texts), (batch_size,), generator=rng)]
 
 
 def teach(target, window: torch.Tensor, wants: Wants):
@@ -304,6 +339,10 @@ def parse_args():
                    help="eagle3/mtp: unrolled steps; medusa: heads; pard: 1 + mask tokens")
     p.add_argument("--intermediate", type=int, default=512, help="eagle3/mtp: the block's MLP width")
     p.add_argument("--draft-vocab", type=int, default=2048, help="eagle3: draft vocabulary size")
+    p.add_argument("--target-text", type=int, default=0,
+                   help="train on the target's greedy continuations of this many training windows (0: the corpus)")
+    p.add_argument("--prompt-len", type=int, default=32, help="--target-text: tokens of each window kept as the prompt")
+    p.add_argument("--target-text-cache", default=None, help="file keeping the generated text between runs")
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--log-every", type=int, default=10)
     return p.parse_args()
@@ -333,6 +372,11 @@ def main():
 
     target = load_model(args.target, device="cpu", dtype=torch.float32).requires_grad_(False)
     vocab = target.args.vocab_size
+    draw = (lambda gen: batches(train_stream, args.batch_size, args.seq_len - 1, gen))
+    if args.target_text:
+        texts = target_text(args, train_stream)
+        print(f"training on {len(texts)} target continuations of {args.seq_len - args.prompt_len} tokens", flush=True)
+        draw = (lambda gen: rows(texts, args.batch_size, gen))
     vocab_ids = torch.arange(vocab)
     wants = Wants(final=True)
     if args.method == "eagle3" and args.init:
@@ -379,7 +423,7 @@ def main():
     gen = torch.Generator().manual_seed(args.seed)
     model.train()
     start, done = time.time(), 0
-    for i, window in zip(range(args.steps), batches(train_stream, args.batch_size, args.seq_len - 1, gen)):
+    for i, window in zip(range(args.steps), draw(gen)):
         for group in opt.param_groups:
             group["lr"] = lr_at(i, args.steps, lr, args.warmup)
         step = teach(target, window, wants)
