@@ -38,7 +38,7 @@ def run(*args):
 @pytest.mark.parametrize("method, draft", [
     (None, "tiny-code-draft"), ("vanilla", "tiny-code-draft"), ("draft_model", "tiny-code-draft"),
     ("eagle3", "tiny-code-eagle3"), ("pard", "tiny-code-pard"), ("dflash", "tiny-code-dflash"),
-    ("mtp", "tiny-code-mtp"), ("medusa", None), ("hybrid", "tiny-code-mtp"),
+    ("mtp", "tiny-code-mtp"), ("medusa", "tiny-code-medusa"), ("hybrid", "tiny-code-mtp"),
     ("deterministic", None), ("none", None),  # n-gram methods and plain decoding take none
 ])
 def test_recommendation_per_method(method, draft):
