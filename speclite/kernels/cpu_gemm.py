@@ -1,4 +1,4 @@
-"""speclite's AVX2 CPU matrix products (kernels/cpu/gemm_avx2.h): int4, int8 (W8A8) and fp32/bf16/f16.
+"""speclite's AVX2 CPU matrix products (kernels/cpu/gemm.h): int4, int8 (W8A8) and fp32/bf16/f16.
 
 One C call per matmul, any number of rows (decode, k+1 verification and prefill take the same
 kernel), threads from torch.get_num_threads(). Weights are repacked once at load (pack_int4,
@@ -38,7 +38,7 @@ def takes(x: torch.Tensor) -> bool:
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int):
     """Values q [N, K] (0..15, columns in group order), scales [G, N], zeros [G, N] with
     w = (q - zero) * scale per group of `group` (a multiple of 32) consecutive columns, into the
-    kernel's layout (gemm_avx2.h, Int4): per 8 columns (N padded with zero columns) and 32-block,
+    kernel's layout (gemm.h, Int4): per 8 columns (N padded with zero columns) and 32-block,
     128 bytes of nibbles; scales fp16 and zeros uint8 [N / 8, G, 8]."""
     n, k = q.shape
     ng, nb = -(-n // 8), -(-k // 32)
@@ -55,7 +55,7 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group:
 
 
 def pack_int8(w: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] into the kernel's layout (gemm_avx2.h, Int8): per 8 columns (N padded with zero
+    """int8 [N, K] into the kernel's layout (gemm.h, Int8): per 8 columns (N padded with zero
     columns) and 32-block (K padded with zeros), the 8 columns' 32 values in turn; [N / 8, K / 32 * 256]."""
     n, k = w.shape
     w = torch.nn.functional.pad(w.to(torch.int8), (0, -k % 32, 0, -n % 8))
@@ -66,7 +66,7 @@ class Matrices(ctypes.Structure):
     """One or more matrices of one format and one input width (a layer's q, k and v projections; its
     gate and up), multiplied side by side in one kernel call: the activations are quantized or
     widened once and one thread team splits all the columns. Mirrors struct Matrices in
-    gemm_avx2.h; built once per set of weights (they never move) by the functions below, with an
+    gemm.h; built once per set of weights (they never move) by the functions below, with an
     fp32 bias (joined_bias) or none."""
 
     _fields_ = [("kind", _I), ("parts", _I), ("w", _PP), ("scales", _PP), ("zeros", _PP), ("ns", _IP),
@@ -159,6 +159,6 @@ def joined_bias(linears) -> torch.Tensor | None:
 
 @functools.cache
 def _library():
-    return cpu_build.load("avx2", "gemm_avx2.cpp", FLAGS, {
+    return cpu_build.load("avx2", "gemm.cpp", FLAGS, {
         "speclite_matmul": [_P, _I, _P, _P, _I, _I],
     })

@@ -1,4 +1,4 @@
-"""speclite's AVX2 CPU kernels for a decoder layer (kernels/cpu/layer_ops_avx2.cpp): RMSNorm, SwiGLU,
+"""speclite's AVX2 CPU kernels for a decoder layer (kernels/cpu/layer_ops.cpp): RMSNorm, SwiGLU,
 and RoPE + KV-cache write + attention, one C call each instead of ~30 torch ops per layer; and the
 whole layer (those and its four cpu_gemm products) in one call and one thread team.
 
@@ -67,7 +67,7 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
 class Layer(ctypes.Structure):
     """One decoder block for decoder_layers: its four products (cpu_gemm.Matrices: q/k/v joined, o,
     gate/up joined, down), its two RMSNorm weights (the activations' dtype) and its attention shape.
-    Mirrors struct Layer in layer_ops_avx2.cpp."""
+    Mirrors struct Layer in layer_ops.cpp."""
 
     _fields_ = [("qkv", ctypes.POINTER(Matrices)), ("o", ctypes.POINTER(Matrices)),
                 ("gate_up", ctypes.POINTER(Matrices)), ("down", ctypes.POINTER(Matrices)),
@@ -82,7 +82,7 @@ class Layer(ctypes.Structure):
 
 class Head(ctypes.Structure):
     """A model's final RMSNorm (weight of the activations' dtype) and its lm_head (cpu_gemm.Matrices),
-    run by decoder_layers after the last layer. Mirrors struct Head in layer_ops_avx2.cpp."""
+    run by decoder_layers after the last layer. Mirrors struct Head in layer_ops.cpp."""
 
     _fields_ = [("mats", ctypes.POINTER(Matrices)), ("norm", _P), ("eps", _F)]
 
@@ -157,7 +157,7 @@ def greedy_chain(layers: Layers, embed: torch.Tensor, token: int, cos: torch.Ten
 
 @functools.cache
 def _library():
-    return cpu_build.load("avx2", "layer_ops_avx2.cpp", FLAGS, {
+    return cpu_build.load("avx2", "layer_ops.cpp", FLAGS, {
         "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
         "speclite_swiglu": [_P, _P, _I, _I, _I],
         "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],

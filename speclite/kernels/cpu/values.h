@@ -1,5 +1,5 @@
-// Reading and writing fp32 / bf16 / f16 values for the AVX2 kernels (gemm_avx2.h,
-// layer_ops_avx2.h): one dtype code per tensor, arithmetic in fp32, results rounded to nearest
+// Reading and writing fp32 / bf16 / f16 values for the AVX2 kernels (gemm.h,
+// layer_ops.h): one dtype code per tensor, arithmetic in fp32, results rounded to nearest
 // even as torch rounds a float to that dtype, and fixed-order horizontal sums.
 #pragma once
 

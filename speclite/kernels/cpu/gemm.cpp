@@ -1,9 +1,9 @@
-// The AVX2 matrix products of gemm_avx2.h as one C entry point: one thread team per call.
-#include "gemm_avx2.h"
+// The AVX2 matrix products of gemm.h as one C entry point: one thread team per call.
+#include "gemm.h"
 
 extern "C" {
 
-// y [M, n] = x [M, k] @ [W_0; W_1; ...]^T (+ bias) for the matrices `mt` describes (gemm_avx2.h).
+// y [M, n] = x [M, k] @ [W_0; W_1; ...]^T (+ bias) for the matrices `mt` describes (gemm.h).
 void speclite_matmul(const void *x, int dt, const Matrices *mt, void *y, int M, int threads) {
     Scratch &sc = scratch;  // the caller's: the team shares it
     reserve(sc, *mt, M);

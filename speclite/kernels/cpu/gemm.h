@@ -18,8 +18,8 @@
 // verification of k+1 rows gives the plain decoder's logits.
 //
 // Threads (OpenMP, torch's runtime once torch is loaded) split the output columns statically.
-// matmul_team is run by every thread of a team: one call forks it (gemm_avx2.cpp), a decoder layer
-// (layer_ops_avx2.cpp) runs its four products and the work between them in one team. Rows are
+// matmul_team is run by every thread of a team: one call forks it (gemm.cpp), a decoder layer
+// (layer_ops.cpp) runs its four products and the work between them in one team. Rows are
 // walked in chunks so a chunk's activations stay in cache while the weights stream.
 #pragma once
 
@@ -30,7 +30,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "avx2_values.h"
+#include "values.h"
 
 namespace {
 

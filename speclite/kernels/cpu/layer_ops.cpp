@@ -1,8 +1,8 @@
-// The decoder's layer work (layer_ops_avx2.h) as C entry points: RMSNorm, SwiGLU and attention one
-// call each, and whole decoder layers (norms, the four products of gemm_avx2.h, attention,
+// The decoder's layer work (layer_ops.h) as C entry points: RMSNorm, SwiGLU and attention one
+// call each, and whole decoder layers (norms, the four products of gemm.h, attention,
 // residuals) in one call and one thread team, so a decode step forks once, not ten times a layer.
-#include "gemm_avx2.h"
-#include "layer_ops_avx2.h"
+#include "gemm.h"
+#include "layer_ops.h"
 
 namespace {
 

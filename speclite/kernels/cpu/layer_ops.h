@@ -1,5 +1,5 @@
 // The decoder's non-matmul work for x86 CPUs with AVX2 + FMA + F16C: RMSNorm, SwiGLU, and RoPE +
-// KV-cache write + attention, as functions a thread team runs (layer_ops_avx2.cpp calls them one at a
+// KV-cache write + attention, as functions a thread team runs (layer_ops.cpp calls them one at a
 // time from Python, or a whole decoder layer in one team). In torch eager these are 6 and ~20 small
 // ops per layer, whose dispatch cost more than their arithmetic on one decode row.
 //
@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "avx2_values.h"
+#include "values.h"
 
 namespace {
 
