@@ -1,23 +1,25 @@
-"""speclite's CPU kernels next to torch's own CPU ops, per weight format, one row and many rows.
+"""speclite's CPU kernels on each ISA path of this CPU next to torch's own CPU ops, per weight
+format, one row and many rows.
 
     python benchmarks/cpu_kernels.py --threads 2 --rows 1,128
 
 For each Qwen2.5-0.5B matmul shape (gate/up, down, a quarter of the head) and each row count:
 int4 (group 128) against aten._weight_int4pack_mm_for_cpu, int8 against aten._weight_int8pack_mm,
-bf16 against F.linear, all with bf16 activations. Calls alternate; medians of --repeats. The
-int8 rows compare W8A8 (ours quantizes activations) with torch's weight-only op: the nearest op
-torch has.
+bf16 against F.linear, all with bf16 activations; speclite once per ISA path the CPU runs (AVX-512
+and AVX2 on an AVX-512 machine). Calls alternate; medians of --repeats. The int8 rows compare W8A8
+(ours quantizes activations) with torch's weight-only op: the nearest op torch has.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 
-from speclite.kernels import cpu_gemm
+from speclite.kernels import cpu_build, cpu_gemm
 
 SHAPES = [(4864, 896), (896, 4864), (151936 // 4, 896)]
 
@@ -35,14 +37,22 @@ def contestants(n: int, k: int, m: int) -> dict[str, dict[str, callable]]:
     w8p, ws = cpu_gemm.pack_int8(w8), torch.rand(n, generator=g) * 0.01
     wb = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
     m8 = cpu_gemm.int8_matrices([w8p], [ws], k)
-    mb = cpu_gemm.dense_matrices([wb], avx512_first=False)
-    return {
-        "int4": {"speclite": lambda: cpu_gemm.matmul(x, mats),
-                 "torch": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4pack, 128, sz)},
-        "int8": {"speclite": lambda: cpu_gemm.matmul(x, m8),
-                 "torch": lambda: torch.ops.aten._weight_int8pack_mm(x, w8, ws.bfloat16())},
-        "bf16": {"speclite": lambda: cpu_gemm.matmul(x, mb), "torch": lambda: torch.nn.functional.linear(x, wb)},
-    }
+    mb = cpu_gemm.dense_matrices([wb])
+    ours = {"int4": mats, "int8": m8, "bf16": mb}
+    theirs = {"int4": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4pack, 128, sz),
+              "int8": lambda: torch.ops.aten._weight_int8pack_mm(x, w8, ws.bfloat16()),
+              "bf16": lambda: torch.nn.functional.linear(x, wb)}
+    return {fmt: {**{path: on_path(path, lambda mt=mt: cpu_gemm.matmul(x, mt)) for path in cpu_build.runnable()},
+                  "torch": theirs[fmt]} for fmt, mt in ours.items()}
+
+
+def on_path(path: str, call):
+    """call() with the kernels of ISA path `path`."""
+    def run():
+        os.environ["SPECLITE_CPU_ISA"] = path
+        cpu_build.isa.cache_clear()
+        return call()
+    return run
 
 
 def main():
@@ -53,10 +63,12 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not cpu_gemm.available():
-        raise SystemExit("speclite's AVX2 kernels are not available here (no AVX2 CPU or no C++ compiler)")
-    print(f"{args.threads} threads, median of {args.repeats}, ms per call")
-    print("| shape N x K | rows | format | speclite ms | torch ms | speedup |")
-    print("|---|---|---|---|---|---|")
+        raise SystemExit("speclite's CPU kernels are not available here (no AVX2 CPU or no C++ compiler)")
+    paths = cpu_build.runnable()
+    print(f"{args.threads} threads, median of {args.repeats}, ms per call; ISA paths {', '.join(paths)}")
+    print(f"| shape N x K | rows | format | {' | '.join(f'speclite {p} ms' for p in paths)} | torch ms | "
+          f"{' | '.join(f'{p} vs torch' for p in paths)} |")
+    print("|---|---|---|" + "---|" * (2 * len(paths) + 1))
     for n, k in SHAPES:
         for m in map(int, args.rows.split(",")):
             for fmt, pair in contestants(n, k, m).items():
@@ -68,8 +80,10 @@ def main():
                         start = time.perf_counter()
                         f()
                         times[name].append(time.perf_counter() - start)
-                ours, theirs = (statistics.median(times[name]) * 1e3 for name in ("speclite", "torch"))
-                print(f"| {n} x {k} | {m} | {fmt} | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x |", flush=True)
+                ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+                torch_ms = ms.pop("torch")
+                print(f"| {n} x {k} | {m} | {fmt} | {' | '.join(f'{v:.3f}' for v in ms.values())} | {torch_ms:.3f} | "
+                      f"{' | '.join(f'{torch_ms / v:.2f}x' for v in ms.values())} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach t
 import pytest
 import torch
 
+from speclite.kernels import cpu_build
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -146,3 +148,22 @@ def decode_all(target, prompt: list[int], params, spec=None, cache_len: int = 64
     with torch.inference_mode():
         run = decode(target, target.new_cache(cache_len), Request(prompt, params), spec)
         return [t for chunk in run for t in chunk], run.stats
+
+
+@pytest.fixture(params=cpu_build.runnable() or ["none"])
+def isa(request):
+    """Each CPU kernel ISA path this machine can run (on an AVX-512 machine: AVX-512, and the AVX2
+    path forced): a test that takes it runs once per path, with that path's kernels."""
+    if request.param == "none":
+        pytest.skip("no CPU kernel path here (no AVX2, or SPECLITE_CPU_KERNELS=0)")
+    before = os.environ.get("SPECLITE_CPU_ISA")
+    os.environ["SPECLITE_CPU_ISA"] = request.param
+    cpu_build.isa.cache_clear()
+    try:
+        yield request.param
+    finally:
+        if before is None:
+            del os.environ["SPECLITE_CPU_ISA"]
+        else:
+            os.environ["SPECLITE_CPU_ISA"] = before
+        cpu_build.isa.cache_clear()

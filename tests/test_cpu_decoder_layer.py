@@ -38,7 +38,7 @@ def run_steps(model):
 @pytest.mark.parametrize("quant", [None, "int4", "w8a8", "fp8-block"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_fused_layer_equals_the_modules_bit_for_bit(model_dirs, family, dtype, quant):
+def test_fused_layer_equals_the_modules_bit_for_bit(isa, model_dirs, family, dtype, quant):
     model = load_model(model_dirs[family], device="cpu", dtype=dtype)
     if quant:
         model = quantize_model(model, quant, group_size=32)
@@ -80,7 +80,7 @@ def test_fused_layer_equals_the_modules_bit_for_bit(model_dirs, family, dtype, q
 @pytest.mark.parametrize("quant", [None, "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cut", [False, True])
-def test_greedy_chain_equals_greedy_steps_one_by_one(model_dirs, dtype, quant, cut):
+def test_greedy_chain_equals_greedy_steps_one_by_one(isa, model_dirs, dtype, quant, cut):
     # A draft model's greedy chain in one call: the tokens and the cache of steps fed one at a time
     # with the argmax of the first `vocab` logits (a draft vocabulary larger than the target's).
     model = load_model(model_dirs["qwen2"], device="cpu", dtype=dtype)
@@ -108,7 +108,7 @@ def test_greedy_chain_equals_greedy_steps_one_by_one(model_dirs, dtype, quant, c
 
 
 @needs_kernels
-def test_greedy_chain_declines_where_the_steps_must_run_one_by_one(model_dirs):
+def test_greedy_chain_declines_where_the_steps_must_run_one_by_one(isa, model_dirs):
     model = load_model(model_dirs["qwen2"], device="cpu")
     cache = model.new_cache(8)
     with torch.inference_mode():

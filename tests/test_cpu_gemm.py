@@ -1,5 +1,6 @@
-"""speclite's AVX2 CPU kernels (int4, int8 W8A8, bf16/f16) against float64 math of the same
-quantization, rows independent of the batch, and the quantized linears wired to them."""
+"""speclite's CPU kernels (int4, int8 W8A8, bf16/f16) on every ISA path the machine runs, against
+float64 math of the same quantization; rows independent of the batch; the integer products the same
+on every path; and the quantized linears wired to them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speclite.kernels import cpu_gemm, linear
+from speclite.kernels import cpu_build, cpu_gemm, cpu_layer_ops, linear
 from speclite.quant.int4 import Int4Weight
 from speclite.model.decoder import Linear, project
 from speclite.quant.linear import Int4Linear, Int8Linear
@@ -30,8 +31,8 @@ SHAPES = [(1, 37, 96), (5, 64, 200), (9, 300, 896), (3, 5, 33), (2, 130, 4864)]
 
 
 def half_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The AVX2 dense kernel on one weight (also where an AVX-512 BF16 kernel would take bf16)."""
-    return cpu_gemm.matmul(x, cpu_gemm.dense_matrices([w], avx512_first=False))
+    """The dense kernel on one weight."""
+    return cpu_gemm.matmul(x, cpu_gemm.dense_matrices([w]))
 
 
 def quantize_reference(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,9 +80,15 @@ def test_kernels_build_where_the_cpu_and_compiler_allow():
 
 
 @needs_kernels
+def test_every_isa_path_of_this_cpu_builds(isa):
+    assert cpu_build.isa() == isa
+    assert cpu_gemm.available() and cpu_layer_ops.available()
+
+
+@needs_kernels
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_int4_equals_float64_math_of_the_same_quantization(m, n, k, group):
+def test_int4_equals_float64_math_of_the_same_quantization(isa, m, n, k, group):
     torch.manual_seed(m * n + k + group)
     x = torch.randn(m, k)
     q, scales, zeros = random_int4(n, k, group, seed=k + group)
@@ -92,7 +99,7 @@ def test_int4_equals_float64_math_of_the_same_quantization(m, n, k, group):
 
 @needs_kernels
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_int8_equals_float64_math_of_the_same_quantization(m, n, k):
+def test_int8_equals_float64_math_of_the_same_quantization(isa, m, n, k):
     torch.manual_seed(m + n * k)
     x = torch.randn(m, k)
     w = torch.randint(-128, 128, (n, k), dtype=torch.int8)
@@ -104,11 +111,24 @@ def test_int8_equals_float64_math_of_the_same_quantization(m, n, k):
 @needs_kernels
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_dense_equals_float64_math(m, n, k, wdtype):
+def test_dense_equals_float64_math(isa, m, n, k, wdtype):
     torch.manual_seed(m + n + k)
     x = torch.randn(m, k)
     w = torch.randn(n, k).to(wdtype)
     assert close(half_gemm(x, w), x.double() @ w.double().t())
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,n,k", SHAPES + [(4, 20, 31), (2, 9, 65)])
+def test_bf16_weights_and_activations_equal_float64_math_before_rounding(isa, m, n, k):
+    # On the AVX-512 path these meet in vdpbf16ps (K % 32 tails included), on AVX2 in fp32 FMAs.
+    torch.manual_seed(m * k + n)
+    x, w = torch.randn(m, k).to(torch.bfloat16), torch.randn(n, k).to(torch.bfloat16)
+    y = half_gemm(x, w)
+    assert y.dtype == torch.bfloat16
+    reference, magnitude = x.double() @ w.double().t(), x.double().abs() @ w.double().abs().t()
+    # One bf16 rounding of the result, plus fp32 accumulation (far below 2^-12 of the terms' sum).
+    assert ((y.double() - reference).abs() <= reference.abs() * 2 ** -8 + magnitude * 2 ** -12).all()
 
 
 def _calls(x, n, k):
@@ -125,7 +145,7 @@ def _calls(x, n, k):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_a_row_alone_equals_that_row_in_a_batch_bit_for_bit(dtype):
+def test_a_row_alone_equals_that_row_in_a_batch_bit_for_bit(isa, dtype):
     torch.manual_seed(3)
     n, k = 203, 448
     x = torch.randn(41, k).to(dtype)  # more than one row chunk, rows not a multiple of the tile
@@ -152,12 +172,35 @@ def test_a_row_alone_equals_that_row_in_a_batch_bit_for_bit(dtype):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_activations_are_widened_and_outputs_rounded_like_torch(dtype):
+def test_half_precision_activations_are_widened_and_outputs_rounded_like_torch(isa, dtype):
     torch.manual_seed(4)
     x = torch.randn(3, 200).to(dtype)
     wide, narrow = _calls(x.float(), 70, 200), _calls(x, 70, 200)
     for name in wide:
+        if name == "bf16" and dtype == torch.bfloat16 and isa == "avx512":
+            continue  # not widened: bf16 meets bf16 in vdpbf16ps (test_bf16_weights_and_activations_...)
         assert torch.equal(narrow[name], wide[name].to(dtype)), name
+
+
+@needs_kernels
+@pytest.mark.skipif(len(cpu_build.runnable()) < 2, reason="one ISA path on this CPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_integer_products_are_the_same_on_every_isa_path(dtype):
+    # Their dot products are exact integers (vpdpbusd on AVX-512, maddubs on AVX2) and the float
+    # epilogue is the same: a model quantized to int4 or w8a8 decodes the same tokens on either path.
+    torch.manual_seed(12)
+    x = torch.randn(7, 456).to(dtype)
+    outputs = []
+    for path in cpu_build.runnable():
+        os.environ["SPECLITE_CPU_ISA"] = path
+        cpu_build.isa.cache_clear()
+        try:
+            outputs.append(_calls(x, 77, 456))
+        finally:
+            del os.environ["SPECLITE_CPU_ISA"]
+            cpu_build.isa.cache_clear()
+    for name in ("int4", "int8"):
+        assert all(torch.equal(out[name], outputs[0][name]) for out in outputs), name
 
 
 @needs_kernels
@@ -189,7 +232,7 @@ def test_int8_linear_quantizes_activations_per_token():
 
 
 @needs_kernels
-def test_dense_linear_takes_the_kernel_for_half_weights_and_torch_for_float32():
+def test_dense_linear_takes_the_kernel_for_half_weights_and_torch_for_float32(isa):
     torch.manual_seed(7)
     w, b = torch.randn(90, 100, dtype=torch.bfloat16), torch.randn(90, dtype=torch.bfloat16)
     x = torch.randn(5, 100, dtype=torch.bfloat16)
@@ -199,7 +242,7 @@ def test_dense_linear_takes_the_kernel_for_half_weights_and_torch_for_float32():
 
 
 def _paths_in_subprocess(tmp_path, **env) -> list[str]:
-    code = "from speclite.kernels import cpu_gemm, cpu_gemv; print(cpu_gemm.available(), cpu_gemv.available())"
+    code = "from speclite.kernels import cpu_build, cpu_gemm; print(cpu_build.isa(), cpu_gemm.available())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**os.environ, "SPECLITE_CACHE_DIR": str(tmp_path), **env})
     assert result.returncode == 0, result.stderr
@@ -207,14 +250,17 @@ def _paths_in_subprocess(tmp_path, **env) -> list[str]:
 
 
 @needs_kernels
-def test_avx2_path_can_be_forced_and_everything_switched_off(tmp_path):
-    assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_ISA="avx2") == ["True", "False"]
-    assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_KERNELS="0") == ["False", "False"]
-    assert _paths_in_subprocess(tmp_path / "b", CXX="false") == ["False", "False"]
+def test_the_best_isa_path_runs_the_avx2_one_can_be_forced_and_everything_switched_off(tmp_path):
+    best = cpu_build.runnable()[0]
+    assert _paths_in_subprocess(tmp_path) == [best, "True"]
+    assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_ISA="avx2") == ["avx2", "True"]
+    assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_ISA="nonsense") == [best, "True"]
+    assert _paths_in_subprocess(tmp_path, SPECLITE_CPU_KERNELS="0") == ["None", "False"]
+    assert _paths_in_subprocess(tmp_path / "b", CXX="false") == [best, "False"]
 
 
 @needs_kernels
-def test_joined_int4_projections_equal_each_linear_alone_bit_for_bit():
+def test_joined_int4_projections_equal_each_linear_alone_bit_for_bit(isa):
     # q, k and v (or gate and up) in one kernel call: the same numbers as three calls, biases included.
     torch.manual_seed(8)
     k, group = 224, 32
@@ -236,7 +282,7 @@ def test_joined_int4_projections_equal_each_linear_alone_bit_for_bit():
 
 
 @needs_kernels
-def test_joined_int8_projections_equal_each_linear_alone_bit_for_bit():
+def test_joined_int8_projections_equal_each_linear_alone_bit_for_bit(isa):
     torch.manual_seed(10)
     k = 200
     layers, weights = [], []
@@ -256,7 +302,7 @@ def test_joined_int8_projections_equal_each_linear_alone_bit_for_bit():
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_joined_dense_projections_equal_each_linear_alone_bit_for_bit(dtype):
+def test_joined_dense_projections_equal_each_linear_alone_bit_for_bit(isa, dtype):
     torch.manual_seed(9)
     # Frozen, as the loader leaves weights (a weight that wants a gradient keeps torch's op).
     layers = [Linear(200, n, bias=bias).to(dtype).requires_grad_(False) for n, bias in [(64, True), (31, False), (33, True)]]

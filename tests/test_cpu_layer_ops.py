@@ -19,7 +19,7 @@ def rel_err(y, reference):
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,h", [(1, 896), (5, 37), (3, 64)])
-def test_rms_norm_equals_float64_math(m, h, dtype):
+def test_rms_norm_equals_float64_math(isa, m, h, dtype):
     torch.manual_seed(m * h)
     x, w = torch.randn(m, h).to(dtype), (torch.rand(h) + 0.5).to(dtype)
     ref = w.double() * (x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-6).sqrt())
@@ -29,7 +29,7 @@ def test_rms_norm_equals_float64_math(m, h, dtype):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_swiglu_equals_float64_math(dtype):
+def test_swiglu_equals_float64_math(isa, dtype):
     torch.manual_seed(1)
     gate_up = (torch.randn(4, 2 * 75) * 3).to(dtype)
     g, u = gate_up.double().chunk(2, dim=-1)
@@ -38,7 +38,7 @@ def test_swiglu_equals_float64_math(dtype):
 
 
 @needs_kernels
-def test_swiglu_is_accurate_over_the_whole_float32_range():
+def test_swiglu_is_accurate_over_the_whole_float32_range(isa):
     # The vectorized exp: within a few float32 ulp of float64 math from -100 to 100 (odd width:
     # the last columns take the scalar path), tiny values where the true result underflows.
     gate = torch.cat([torch.linspace(-100, 100, 2001), torch.randn(2000) * 0.1]).reshape(1, -1)
@@ -81,7 +81,7 @@ def case(dtype, t, start, heads=4, kv_heads=2, d=32, max_len=40, seed=0):
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 17, False), (5, 9, False), (6, 3, True)])
-def test_attention_equals_float64_math_and_writes_the_cache(dtype, t, start, tree):
+def test_attention_equals_float64_math_and_writes_the_cache(isa, dtype, t, start, tree):
     qkv, cos, sin, cache_k, cache_v = case(dtype, t, start, seed=t + start)
     end = start + t
     mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
@@ -97,7 +97,7 @@ def test_attention_equals_float64_math_and_writes_the_cache(dtype, t, start, tre
 
 
 @needs_kernels
-def test_attention_rows_are_independent_and_unseen_keys_change_nothing():
+def test_attention_rows_are_independent_and_unseen_keys_change_nothing(isa):
     qkv, cos, sin, cache_k, cache_v = case(torch.bfloat16, 6, 10, seed=7)
     start, t = 10, 6
     causal = torch.arange(start + t)[None, :] <= torch.arange(start, start + t)[:, None]

@@ -1,13 +1,15 @@
 """Builds speclite's C++ CPU kernels (kernels/cpu/*.cpp) on first use and picks the ISA path.
 
-Each source is compiled once per machine with the system C++ compiler into
+Each source is compiled once per machine and ISA with the system C++ compiler into
 $SPECLITE_CACHE_DIR (default ~/.cache/speclite)/cpu-kernels and loaded with ctypes (a build takes
-a few seconds). Where there is no compiler, the CPU lacks the source's instructions, or
+a few seconds). Where there is no compiler, the CPU lacks AVX2 + FMA + F16C, or
 SPECLITE_CPU_KERNELS=0, a library is None and callers keep torch's ops.
 
-Which path runs is decided at run time from the CPU's flags: the AVX-512 BF16 GEMV where the CPU
-has it, the AVX2 kernels everywhere with AVX2 + FMA + F16C. SPECLITE_CPU_ISA=avx2 turns the
-AVX-512 path off, so an AVX-512 machine runs (and tests) the AVX2 kernels.
+One ISA path serves the whole process, picked at run time from the CPU's flags (`isa()`): `avx512`
+where the CPU has AVX-512 F/BW/VL with VNNI and BF16 (Zen 4 and later, Sapphire Rapids and later:
+integer dot products in one vpdpbusd, bf16 ones in one vdpbf16ps), else `avx2`. The sources are
+the same; the build's flags decide which code each kernel compiles to. SPECLITE_CPU_ISA=avx2 caps
+it, so an AVX-512 machine runs (and tests) the AVX2 kernels.
 """
 
 from __future__ import annotations
@@ -23,39 +25,59 @@ import tempfile
 from pathlib import Path
 
 SOURCES = Path(__file__).parent / "cpu"
-ISA_FLAGS = {"avx512_bf16": {"avx512f", "avx512_bf16"}, "avx2": {"avx2", "fma", "f16c"}}
+# ISA path -> (CPU flags it needs, compiler flags), best first.
+ISAS = {
+    "avx512": ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"},
+               ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16")),
+    "avx2": ({"avx2", "fma", "f16c"}, ("-mavx2", "-mfma", "-mf16c")),
+}
+# -ffp-contract=off: the compiler may not fuse a multiply and an add differently in different tiles.
+FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
 
 
-def has(isa: str) -> bool:
-    """Whether the kernels for `isa` ("avx512_bf16" or "avx2") may run here."""
+def runnable() -> list[str]:
+    """The ISA paths this CPU can run, best first (none with SPECLITE_CPU_KERNELS=0 or off x86)."""
     if os.environ.get("SPECLITE_CPU_KERNELS", "1") == "0" or platform.machine() not in ("x86_64", "AMD64"):
-        return False
-    if isa != "avx2" and os.environ.get("SPECLITE_CPU_ISA", "").lower() == "avx2":
-        return False
-    return ISA_FLAGS[isa] <= set(_cpu_flags().decode().split())
+        return []
+    flags = set(_cpu_flags().decode().split())
+    return [name for name, (needs, _) in ISAS.items() if needs <= flags]
 
 
-def load(isa: str, source: str, flags: tuple[str, ...], signatures: dict[str, list]) -> ctypes.CDLL | None:
-    """The `isa` kernels of kernels/cpu/`source` with each function's ctypes argtypes set, or None
-    where they may not run (see has) or do not build."""
-    lib = library(source, flags) if has(isa) else None
-    for name, argtypes in signatures.items() if lib is not None else ():
-        getattr(lib, name).argtypes = argtypes
-    return lib
+@functools.cache
+def isa() -> str | None:
+    """The process's ISA path: the best runnable one, or SPECLITE_CPU_ISA's if it can run here."""
+    paths = runnable()
+    asked = os.environ.get("SPECLITE_CPU_ISA", "").lower()
+    if asked in paths:
+        return asked
+    return paths[0] if paths else None
+
+
+_loaded: dict[tuple[str, str | None], ctypes.CDLL | None] = {}
+
+
+def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
+    """kernels/cpu/`source` built for the process's ISA path (isa()) with each function's ctypes
+    argtypes set, or None where none may run or it does not build. Kept per source and path: the
+    tests switch paths (isa.cache_clear() after setting SPECLITE_CPU_ISA)."""
+    key = (source, isa())
+    if key not in _loaded:
+        lib = library(source, ISAS[key[1]][1] + FLAGS) if key[1] else None
+        for name, argtypes in signatures.items() if lib is not None else ():
+            getattr(lib, name).argtypes = argtypes
+        _loaded[key] = lib
+    return _loaded[key]
 
 
 @functools.cache
 def library(source: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
-    """kernels/cpu/`source` built with `flags` (cached per source, flags, compiler and CPU), or None."""
+    """kernels/cpu/`source` built with `flags` (cached per source, headers, flags and compiler), or None."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         return None
     path = SOURCES / source
-    # -march=native ties a binary to this CPU: the CPU's flags are part of the cache key, and so are
-    # the headers the sources share.
     headers = b"".join(h.read_bytes() for h in sorted(SOURCES.glob("*.h")))
-    key = hashlib.sha256(path.read_bytes() + headers + " ".join(flags).encode() + compiler.encode()
-                         + _cpu_flags()).hexdigest()[:16]
+    key = hashlib.sha256(path.read_bytes() + headers + " ".join(flags).encode() + compiler.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("SPECLITE_CACHE_DIR", Path.home() / ".cache" / "speclite")) / "cpu-kernels"
     target = cache / f"{path.stem}-{key}.so"
     if not target.exists() and not _build(compiler, path, flags, target):
@@ -70,7 +92,7 @@ def _build(compiler: str, source: Path, flags, target: Path) -> bool:
             out = Path(tmp) / target.name
             done = subprocess.run([compiler, *flags, str(source), "-o", str(out)], capture_output=True, timeout=300)
             if done.returncode != 0:
-                return False  # e.g. the CPU lacks the source's instructions: it refuses to build
+                return False
             os.replace(out, target)  # atomic: concurrent builders never load a half-written file
         return True
     except (OSError, subprocess.SubprocessError):

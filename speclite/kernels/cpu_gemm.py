@@ -1,25 +1,23 @@
-"""speclite's AVX2 CPU matrix products (kernels/cpu/gemm.h): int4, int8 (W8A8) and fp32/bf16/f16.
+"""speclite's CPU matrix products (kernels/cpu/gemm.h): int4, int8 (W8A8) and fp32/bf16/f16.
 
 One C call per matmul, any number of rows (decode, k+1 verification and prefill take the same
 kernel), threads from torch.get_num_threads(). Weights are repacked once at load (pack_int4,
-pack_int8); activations arrive in fp32, bf16 or f16 and the output has their dtype. A row's result
-does not depend on the other rows of the call (see the source), which keeps speculative decoding
-bit-identical to plain decoding. Built by cpu_build with explicit -mavx2 -mfma -mf16c (not
--march=native), so an AVX-512 machine builds and runs this same AVX2 code. `available()` is False
-without such a CPU or compiler, or with SPECLITE_CPU_KERNELS=0: callers keep torch's ops.
+pack_int8; one layout for every ISA path); activations arrive in fp32, bf16 or f16 and the output
+has their dtype. A row's result does not depend on the other rows of the call (see the source),
+which keeps speculative decoding bit-identical to plain decoding. Built by cpu_build for the
+process's ISA path (AVX2, or AVX-512 with VNNI and BF16). `available()` is False without such a
+CPU or a compiler, or with SPECLITE_CPU_KERNELS=0: callers keep torch's ops.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import operator
 
 import torch
 
-from speclite.kernels import cpu_build, cpu_gemv
+from speclite.kernels import cpu_build
 
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 DENSE, INT4, INT8 = 0, 1, 2  # struct Matrices' kinds
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -92,13 +90,11 @@ def int8_matrices(weights: list[torch.Tensor], scales: list[torch.Tensor], k: in
     return Matrices(INT8, list(zip(weights, scales)), [s.shape[0] for s in scales], k, bias)
 
 
-def dense_matrices(weights: list[torch.Tensor], bias: torch.Tensor | None = None,
-                   avx512_first: bool = True) -> Matrices | None:
-    """Contiguous dense weights [N_i, K] of one dtype (fp32, bf16, f16), fp32 arithmetic; None for
-    others, and (avx512_first) for bf16 where the AVX-512 BF16 kernel (kernels.linear) is faster."""
+def dense_matrices(weights: list[torch.Tensor], bias: torch.Tensor | None = None) -> Matrices | None:
+    """Contiguous dense weights [N_i, K] of one dtype (fp32, bf16, f16), fp32 accumulation; None for
+    others."""
     w = weights[0]
-    if (w.dtype not in DTYPES or not all(v.dtype == w.dtype and v.is_contiguous() for v in weights)
-            or (avx512_first and w.dtype == torch.bfloat16 and w.shape[1] % 32 == 0 and cpu_gemv.available())):
+    if w.dtype not in DTYPES or not all(v.dtype == w.dtype and v.is_contiguous() for v in weights):
         return None
     return Matrices(DENSE, [(w,) for w in weights], [w.shape[0] for w in weights], weights[0].shape[1], bias,
                     wdt=DTYPES[weights[0].dtype])
@@ -157,8 +153,8 @@ def joined_bias(linears) -> torch.Tensor | None:
     return torch.cat([m.bias.float() if m.bias is not None else torch.zeros(m.out_features) for m in linears])
 
 
-@functools.cache
+SIGNATURES = {"speclite_matmul": [_P, _I, _P, _P, _I, _I]}
+
+
 def _library():
-    return cpu_build.load("avx2", "gemm.cpp", FLAGS, {
-        "speclite_matmul": [_P, _I, _P, _P, _I, _I],
-    })
+    return cpu_build.load("gemm.cpp", SIGNATURES)

@@ -1,23 +1,21 @@
-"""speclite's AVX2 CPU kernels for a decoder layer (kernels/cpu/layer_ops.cpp): RMSNorm, SwiGLU,
+"""speclite's CPU kernels for a decoder layer (kernels/cpu/layer_ops.cpp): RMSNorm, SwiGLU,
 and RoPE + KV-cache write + attention, one C call each instead of ~30 torch ops per layer; and the
 whole layer (those and its four cpu_gemm products) in one call and one thread team.
 
 Rows are computed independently of each other (speculative verification stays bit-identical to
-plain decoding). `available()` is False without an AVX2 CPU or a compiler, or with
+plain decoding). `available()` is False without an AVX2 CPU or a compiler (cpu_build picks the ISA path), or with
 SPECLITE_CPU_KERNELS=0: the decoder keeps its torch ops.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
 from speclite.kernels import cpu_build
 from speclite.kernels.cpu_gemm import Matrices
 
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
@@ -155,14 +153,16 @@ def greedy_chain(layers: Layers, embed: torch.Tensor, token: int, cos: torch.Ten
     return list(tokens)
 
 
-@functools.cache
+SIGNATURES = {
+    "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
+    "speclite_swiglu": [_P, _P, _I, _I, _I],
+    "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
+    "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
+                                ctypes.POINTER(Head), _I, _P, _P, _I],
+    "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
+                              ctypes.POINTER(ctypes.c_int), _I],
+}
+
+
 def _library():
-    return cpu_build.load("avx2", "layer_ops.cpp", FLAGS, {
-        "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
-        "speclite_swiglu": [_P, _P, _I, _I, _I],
-        "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
-        "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
-                                    ctypes.POINTER(Head), _I, _P, _P, _I],
-        "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
-                                  ctypes.POINTER(ctypes.c_int), _I],
-    })
+    return cpu_build.load("layer_ops.cpp", SIGNATURES)

@@ -1,35 +1,26 @@
 """The dense linear layer: speclite's own CPU kernels where they apply, torch elsewhere.
 
-On the CPU, bf16/f16 weights go through our kernels for any number of rows (decode, verification,
-prefill): the AVX-512 BF16 one where the CPU has it (cpu_gemv), else the AVX2 one (cpu_gemm,
-weights widened to fp32 in registers). Both compute a row the same way whatever the other rows
-are, so verifying k+1 tokens gives exactly the logits of k+1 single-token steps. Without them, one
-row goes through torch.mv (measured ~30-45% faster than the general matmul for a single row).
+On the CPU, bf16/f16 weights go through our kernels (cpu_gemm) for any number of rows (decode,
+verification, prefill); they compute a row the same way whatever the other rows are, so verifying
+k+1 tokens gives exactly the logits of k+1 single-token steps. Without them, one row goes through
+torch.mv (measured ~30-45% faster than the general matmul for a single row).
 """
 
 import torch
 import torch.nn.functional as F
 
-from speclite.kernels import cpu_gemm, cpu_gemv
+from speclite.kernels import cpu_gemm
 
 HALF = (torch.bfloat16, torch.float16)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if x.device.type == "cpu" and x.dim() == 2:
-        if avx512_bf16(x, weight):
-            y = cpu_gemv.gemm_bf16(x.contiguous(), weight).to(x.dtype)
-        elif weight.dtype in HALF and weight.is_contiguous() and cpu_gemm.takes(x):
-            y = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([weight], avx512_first=False))
+        if weight.dtype in HALF and weight.is_contiguous() and cpu_gemm.takes(x):
+            y = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([weight]))
         elif x.shape[0] == 1:
             y = torch.mv(weight, x[0]).unsqueeze(0)
         else:
             return F.linear(x, weight, bias)
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
-
-
-def avx512_bf16(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x @ weight^T takes the AVX-512 BF16 kernel here."""
-    return (x.dtype == weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0
-            and weight.is_contiguous() and cpu_gemv.available())

@@ -1,4 +1,6 @@
-// Matrix products for quantized and half-precision weights on x86 CPUs with AVX2 + FMA + F16C.
+// Matrix products for quantized and half-precision weights on x86 CPUs with AVX2 + FMA + F16C, and
+// where the build has AVX-512 VNNI and BF16 (cpu_build's avx512 path), the same products with their
+// dot products in one instruction each (marked AVX-512 below; the layouts are the same).
 //
 // y [M, N] = x [M, K] @ w [N, K]^T for three weight formats:
 //   int4  repacked at load for eight columns at a time (layout at Int4 below), an fp16 scale and a
@@ -8,7 +10,8 @@
 //   int8  repacked at load (layout at Int8 below), a per-channel scale (W8A8): activations quantized
 //         per row to int8, integer dot products.
 //   dense fp32, or bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C),
-//         fp32 FMAs.
+//         fp32 FMAs. AVX-512: bf16 weights times bf16 activations by vdpbf16ps (pairs multiplied
+//         exactly, accumulated in fp32).
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
 //
 // Exactness: the arithmetic of output (m, n) is the same sequence of operations whatever M is and
@@ -109,18 +112,29 @@ struct Int4 {
     void *y;            // [M, ldy], this matrix's N columns from column y0
     int dt, N, Kp, nb, G, bpg, ldy, y0;
 
-    // Sum over the block of weight * activation for the 8 columns, as int32 lanes.
+    // Sum over the block of weight * activation for the 8 columns, as int32 lanes. The sums are
+    // exact integers: the AVX-512 path's vpdpbusd (four byte products into an int32 lane, as
+    // maddubs + madd do in two steps) gives the AVX2 path's numbers.
     static inline __m256i block_dot(const __m256i u[8], const int8_t *x) {
         __m256i sa = _mm256_setzero_si256(), sb = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             int64_t run;
             memcpy(&run, x + 8 * j, 8);
             const __m256i xv = _mm256_set1_epi64x(run);
+#if defined(__AVX512VNNI__)
+            sa = _mm256_dpbusd_epi32(sa, u[j], xv);
+            sb = _mm256_dpbusd_epi32(sb, u[4 + j], xv);
+#else
             sa = _mm256_add_epi16(sa, _mm256_maddubs_epi16(u[j], xv));
             sb = _mm256_add_epi16(sb, _mm256_maddubs_epi16(u[4 + j], xv));
+#endif
         }
+#if defined(__AVX512VNNI__)
+        return _mm256_hadd_epi32(sa, sb);
+#else
         const __m256i ones = _mm256_set1_epi16(1);
         return _mm256_hadd_epi32(_mm256_madd_epi16(sa, ones), _mm256_madd_epi16(sb, ones));
+#endif
     }
 
     template <int MR>
@@ -167,14 +181,20 @@ struct Int4 {
         }
     }
 
-    // Column groups [g0, g1) of this matrix, rows in cache-sized chunks, 3 rows per tile where
-    // there are (3 keeps the tile's registers from spilling, measured against 2 and 4).
+    // Column groups [g0, g1) of this matrix, rows in cache-sized chunks, MR rows per tile where
+    // there are (AVX2: 3 keeps the tile's registers from spilling, measured against 2 and 4; with
+    // AVX-512's 32 registers 4 measured best of 3-6 and 8).
+#if defined(__AVX512F__)
+    static constexpr int MR = 4;
+#else
+    static constexpr int MR = 3;
+#endif
     void run(int M, int g0, int g1) const {
         for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
             const int c1 = std::min(c0 + ROW_CHUNK, M);
             for (int cg = g0; cg < g1; cg++) {
                 int m = c0;
-                for (; m + 3 <= c1; m += 3) tile<3>(m, cg);
+                for (; m + MR <= c1; m += MR) tile<MR>(m, cg);
                 for (; m < c1; m++) tile<1>(m, cg);
             }
         }
@@ -186,21 +206,36 @@ struct Int4 {
 // Repacked at load for one contiguous stream: per group of 8 columns (N padded with zero columns)
 // and 32-block, the 8 columns' 32 weights one after the other (256 bytes). Rows of a row-major
 // matrix read as 4-8 interleaved streams ran at about half of the copy bandwidth on a big matrix.
-// The integer dot products are exact, so any tile gives the same sums; the float epilogue is
-// sum * (dx * ws) in every tile.
+// The integer dot products are exact, so any tile (and either ISA path) gives the same sums; the
+// float epilogue is sum * (dx * ws) in every tile.
+//
+// AVX-512: vpdpbusd multiplies unsigned bytes by signed ones. The weights' sign bit flipped makes
+// them w + 128 (unsigned), so one instruction adds 4 products (w + 128) x into each int32 lane, and
+// sum(w x) = that - 128 sum(x), the row's sum coming from its quantization. (AVX2 needs abs, sign,
+// maddubs, madd and an add for the same.)
 
 struct Int8 {
-    const int8_t *xq;  // [M, Kp]
-    const float *dx;   // [M] row scales
-    const int8_t *w;   // [N / 8, nb, 8, 32]
-    const float *ws;   // [N]
-    void *y;           // [M, ldy], this matrix's N columns from column y0
+    const int8_t *xq;   // [M, Kp]
+    const float *dx;    // [M] row scales
+    const int32_t *sx;  // [M] row sums of xq
+    const int8_t *w;    // [N / 8, nb, 8, 32]
+    const float *ws;    // [N]
+    void *y;            // [M, ldy], this matrix's N columns from column y0
     int dt, N, Kp, ldy, y0;
 
+#if defined(__AVX512VNNI__)
+    static inline __m256i prepare(__m256i wv) { return _mm256_xor_si256(wv, _mm256_set1_epi8((char)0x80)); }
+    static inline __m256i dot_add(__m256i acc, __m256i wp, __m256i xv) { return _mm256_dpbusd_epi32(acc, wp, xv); }
+    int32_t offset(int m) const { return 128 * sx[m]; }
+#else
     // |w| (0..128) unsigned times x carrying w's sign (x in -127..127): no saturation.
-    static inline __m256i dot32(__m256i wv, __m256i xv) {
-        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)), _mm256_set1_epi16(1));
+    static inline __m256i prepare(__m256i wv) { return wv; }
+    static inline __m256i dot_add(__m256i acc, __m256i wv, __m256i xv) {
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)),
+                                                       _mm256_set1_epi16(1)));
     }
+    int32_t offset(int) const { return 0; }
+#endif
 
     // One row, the 8 columns of group cg: the sums end in the 8 lanes of one register.
     void row8(int m, int cg) const {
@@ -215,13 +250,13 @@ struct Int8 {
             _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH + 192), _MM_HINT_T0);
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xm + b * 32));
             for (int c = 0; c < 8; c++)
-                acc[c] = _mm256_add_epi32(acc[c], dot32(_mm256_loadu_si256((const __m256i *)(wg + ((int64_t)b * 8 + c) * 32)), xv));
+                acc[c] = dot_add(acc[c], prepare(_mm256_loadu_si256((const __m256i *)(wg + ((int64_t)b * 8 + c) * 32))), xv);
         }
         // Three rounds of pairwise sums leave column c's total in lane c.
         const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
         const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[4], acc[5]), _mm256_hadd_epi32(acc[6], acc[7]));
         const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
-        epilogue(m, cg, sums);
+        epilogue(m, cg, _mm256_sub_epi32(sums, _mm256_set1_epi32(offset(m))));
     }
 
     // Rows m0..m0+MR-1 (MR <= 4), columns n and n + 1 (of one group), each weight load serving every
@@ -237,17 +272,18 @@ struct Int8 {
             if (streams)  // the group's other columns follow: fetch the rest of the block, and ahead
                 for (int line = 64; line < 512; line += 64)
                     _mm_prefetch((const char *)(wc + (int64_t)b * 256 + (line < 256 ? line : 2 * PREFETCH + line - 256)), _MM_HINT_T0);
-            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wc + (int64_t)b * 256));
-            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wc + (int64_t)b * 256 + 32));
+            const __m256i w0 = prepare(_mm256_loadu_si256((const __m256i *)(wc + (int64_t)b * 256)));
+            const __m256i w1 = prepare(_mm256_loadu_si256((const __m256i *)(wc + (int64_t)b * 256 + 32)));
             for (int i = 0; i < MR; i++) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)(m0 + i) * Kp + b * 32));
-                acc[i][0] = _mm256_add_epi32(acc[i][0], dot32(w0, xv));
-                acc[i][1] = _mm256_add_epi32(acc[i][1], dot32(w1, xv));
+                acc[i][0] = dot_add(acc[i][0], w0, xv);
+                acc[i][1] = dot_add(acc[i][1], w1, xv);
             }
         }
         for (int i = 0; i < MR; i++)
             for (int c = 0; c < 2 && n + c < N; c++)
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n + c, (float)hsum_i32(acc[i][c]) * (dx[m0 + i] * ws[n + c]));
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n + c,
+                      (float)(hsum_i32(acc[i][c]) - offset(m0 + i)) * (dx[m0 + i] * ws[n + c]));
     }
 
     void epilogue(int m, int cg, __m256i sums) const {
@@ -280,14 +316,28 @@ struct Int8 {
 // ---- bf16 / f16 ------------------------------------------------------------------------------
 
 struct Dense {
-    const float *x;  // [M, K] fp32
+    const float *x;  // [M, K] fp32 (null where dot_bf16: the activations stay bf16 in xr)
+    const void *xr;  // [M, K] the activations as they came, of dtype dt
     const void *w;   // [N, K] fp32, bf16 or f16
     void *y;         // [M, ldy], this matrix's N columns from column y0
     int dt, wdt, N, K, ldy, y0;
 
+    // Whether bf16 weights meet bf16 activations in vdpbf16ps (AVX-512 BF16) rather than fp32 FMAs.
+    static bool dot_bf16(int dt, int wdt) {
+#if defined(__AVX512BF16__)
+        return dt == BF16 && wdt == BF16;
+#else
+        (void)dt, (void)wdt;
+        return false;
+#endif
+    }
+
     // Rows m0.., columns n0 + j * step (j < NR).
     template <int MR, int NR>
     void tile(int m0, int n0, int step = 1) const {
+#if defined(__AVX512BF16__)
+        if (dot_bf16(dt, wdt)) return tile_bf16<MR, NR>(m0, n0, step);
+#endif
         if (wdt == BF16)
             tile_of<MR, NR, BF16>(m0, n0, step);
         else if (wdt == F16)
@@ -324,6 +374,46 @@ struct Dense {
                 store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, hsum(acc[i][j]) + tail);
             }
     }
+
+#if defined(__AVX512BF16__)
+    // 32 bf16 products a step into 16 fp32 lanes, each lane adding two exact products; the K % 32
+    // tail loads zeros past the row's end. One reduction at the end, in a fixed order. (The tail
+    // and the prefetching are template arguments: with either decided inside the loop, GCC 12 kept
+    // the accumulators in memory, 2.5x slower.)
+    template <int MR, int NR>
+    void tile_bf16(int m0, int n0, int step) const {
+        const uint16_t *wr[NR], *xm[MR];
+        for (int j = 0; j < NR; j++) wr[j] = (const uint16_t *)w + (int64_t)(n0 + j * step) * K;
+        for (int i = 0; i < MR; i++) xm[i] = (const uint16_t *)xr + (int64_t)(m0 + i) * K;
+        __m512 acc[MR][NR];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+        const int K32 = K & ~31;
+        if (m0 % ROW_CHUNK == 0) {  // the chunk's first tile streams the weights from memory
+            for (int k = 0; k < K32; k += 32) bf16_step<MR, NR, true, false>(wr, xm, k, 0, acc);
+        } else {
+            for (int k = 0; k < K32; k += 32) bf16_step<MR, NR, false, false>(wr, xm, k, 0, acc);
+        }
+        if (K32 < K) bf16_step<MR, NR, false, true>(wr, xm, K32, ((__mmask32)1 << (K - K32)) - 1, acc);
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++)
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, _mm512_reduce_add_ps(acc[i][j]));
+    }
+
+    template <int MR, int NR, bool PREFETCH, bool TAIL>
+    static inline __attribute__((always_inline)) void bf16_step(const uint16_t *const *wr, const uint16_t *const *xm,
+                                                                int k, __mmask32 live, __m512 (&acc)[MR][NR]) {
+        __m512i wv[NR];
+        for (int j = 0; j < NR; j++) {
+            if (PREFETCH) _mm_prefetch((const char *)(wr[j] + k) + PREFETCH_ROWS, _MM_HINT_T0);
+            wv[j] = TAIL ? _mm512_maskz_loadu_epi16(live, wr[j] + k) : _mm512_loadu_si512(wr[j] + k);
+        }
+        for (int i = 0; i < MR; i++) {
+            const __m512i xv = TAIL ? _mm512_maskz_loadu_epi16(live, xm[i] + k) : _mm512_loadu_si512(xm[i] + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[j], (__m512bh)xv);
+        }
+    }
+#endif
 };
 
 // Instantiates kernel.tile<mr, nr> for the run-time tile size (mr <= MR, nr in {1, NR}), columns
@@ -343,8 +433,9 @@ inline void dispatch(const K &k, int m, int mr, int n, int nr, int step) {
 // long sequential weight streams (consecutive weight rows are adjacent) instead of NR short
 // interleaved ones the prefetchers lose track of. One or two rows (a decode step, a short
 // verification): 6 columns in flight (faster than 4 where the weights sit in the L3, as the embedded
-// pair's do; even from DRAM). More rows: 4 x 3 tiles (measured best of 4x2, 4x3, 3x4, 5x2),
-// each chunk of rows reusing the weights its first tile streamed in. Tiles only share loads: the
+// pair's do; even from DRAM). More rows: 4 x 3 tiles (measured best of 4x2, 4x3, 3x4, 5x2 with
+// AVX2's 16 registers; 4 x 6 for vdpbf16ps), each chunk of rows reusing the weights its first tile
+// streamed in. Tiles only share loads: the
 // numbers are those of any other tiling.
 template <int MR, int NR>
 inline void run_parts(const Dense &k, int M, int n0, int n1) {
@@ -368,6 +459,8 @@ inline void run_columns(const Dense &k, int M, int n0, int n1) {
         run_parts<1, 6>(k, M, n0, n1);
     else if (M == 2)
         run_parts<2, 6>(k, M, n0, n1);
+    else if (Dense::dot_bf16(k.dt, k.wdt))
+        run_parts<4, 6>(k, M, n0, n1);  // 32 registers: 4 x 6 beat 4 x 3 by ~10% (6 x 4, 8 x 3, 5 x 5 alike)
     else
         run_parts<4, 3>(k, M, n0, n1);
 }
@@ -451,14 +544,17 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
         in_groups(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
-            const Int8 k8{sc.q.data(), sc.a.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt, mt.ns[p],
-                          Kp, mt.n, y0};
+            const Int8 k8{sc.q.data(), sc.a.data(), sc.s.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt,
+                          mt.ns[p], Kp, mt.n, y0};
             k8.run(M, a, b);
         });
     } else {
-        // fp32 activations are read in place; others are widened once (and the team waits for it).
+        // fp32 activations are read in place, bf16 ones meeting bf16 weights in vdpbf16ps too; others
+        // are widened once (and the team waits for it).
         const float *xf = (const float *)x;
-        if (dt != F32) {
+        if (Dense::dot_bf16(dt, mt.wdt)) {
+            xf = nullptr;
+        } else if (dt != F32) {
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++)
                 for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
@@ -469,7 +565,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         for (int p = 0, first = 0; p < mt.parts; first += mt.ns[p++]) {
             const int a = std::max(c0, first) - first, b = std::min(c1, first + mt.ns[p]) - first;
             if (a >= b) continue;
-            run_columns(Dense{xf, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first}, M, a, b);
+            run_columns(Dense{xf, x, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first}, M, a, b);
             if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, first + a, first + b);
         }
     }
