@@ -335,17 +335,26 @@ struct Dense {
     // Rows m0.., columns n0 + j * step (j < NR).
     template <int MR, int NR>
     void tile(int m0, int n0, int step = 1) const {
-#if defined(__AVX512BF16__)
-        if (dot_bf16(dt, wdt)) return tile_bf16<MR, NR>(m0, n0, step);
-#endif
+#if defined(__AVX512F__)
+        if (dot_bf16(dt, wdt))
+            tile_bf16<MR, NR>(m0, n0, step);
+        else if (wdt == BF16)
+            tile_512<MR, NR, BF16>(m0, n0, step);
+        else if (wdt == F16)
+            tile_512<MR, NR, F16>(m0, n0, step);
+        else
+            tile_512<MR, NR, F32>(m0, n0, step);
+#else
         if (wdt == BF16)
             tile_of<MR, NR, BF16>(m0, n0, step);
         else if (wdt == F16)
             tile_of<MR, NR, F16>(m0, n0, step);
         else
             tile_of<MR, NR, F32>(m0, n0, step);
+#endif
     }
 
+#if !defined(__AVX512F__)
     // The weights' dtype a constant: no branch in the inner loop. Only the first tile of a row chunk
     // prefetches: it streams the weights from memory, the chunk's other tiles find them in cache.
     template <int MR, int NR, int WDT>
@@ -374,6 +383,56 @@ struct Dense {
                 store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, hsum(acc[i][j]) + tail);
             }
     }
+#else
+    // AVX-512: 16 fp32 lanes a step (the weights widened in registers), FMAs; the K % 16 tail loads
+    // zeros past the row's end; one reduction at the end, in a fixed order. As in tile_bf16, the
+    // tail and the prefetching are template arguments.
+    template <int MR, int NR, int WDT>
+    void tile_512(int m0, int n0, int step) const {
+        const float *xm[MR];
+        int64_t at[NR];
+        for (int i = 0; i < MR; i++) xm[i] = x + (int64_t)(m0 + i) * K;
+        for (int j = 0; j < NR; j++) at[j] = (int64_t)(n0 + j * step) * K;
+        __m512 acc[MR][NR];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+        const int K16 = K & ~15;
+        if (m0 % ROW_CHUNK == 0) {  // the chunk's first tile streams the weights from memory
+            for (int k = 0; k < K16; k += 16) fma_step<MR, NR, WDT, true, false>(w, at, xm, k, 0, acc);
+        } else {
+            for (int k = 0; k < K16; k += 16) fma_step<MR, NR, WDT, false, false>(w, at, xm, k, 0, acc);
+        }
+        if (K16 < K) fma_step<MR, NR, WDT, false, true>(w, at, xm, K16, (__mmask16)((1u << (K - K16)) - 1), acc);
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++)
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, _mm512_reduce_add_ps(acc[i][j]));
+    }
+
+    template <int MR, int NR, int WDT, bool PREFETCH, bool TAIL>
+    static inline __attribute__((always_inline)) void fma_step(const void *w, const int64_t *at, const float *const *xm,
+                                                               int k, __mmask16 live, __m512 (&acc)[MR][NR]) {
+        __m512 wv[NR];
+        for (int j = 0; j < NR; j++) {
+            if (PREFETCH && (WDT == F32 || k % 32 == 0))
+                _mm_prefetch((const char *)w + (at[j] + k) * (WDT == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
+            wv[j] = load16<WDT, TAIL>(w, at[j] + k, live);
+        }
+        for (int i = 0; i < MR; i++) {
+            const __m512 xv = TAIL ? _mm512_maskz_loadu_ps(live, xm[i] + k) : _mm512_loadu_ps(xm[i] + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+        }
+    }
+
+    // Values i..i+15 of w (dtype WDT) widened to fp32; the tail's lanes outside `live` are zero.
+    template <int WDT, bool TAIL>
+    static inline __m512 load16(const void *w, int64_t i, __mmask16 live) {
+        if (WDT == F32) return TAIL ? _mm512_maskz_loadu_ps(live, (const float *)w + i) : _mm512_loadu_ps((const float *)w + i);
+        const uint16_t *h = (const uint16_t *)w + i;
+        const __m256i v = TAIL ? _mm256_maskz_loadu_epi16(live, h) : _mm256_loadu_si256((const __m256i *)h);
+        if (WDT == F16) return _mm512_cvtph_ps(v);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+    }
+#endif
 
 #if defined(__AVX512BF16__)
     // 32 bf16 products a step into 16 fp32 lanes, each lane adding two exact products; the K % 32
@@ -433,10 +492,10 @@ inline void dispatch(const K &k, int m, int mr, int n, int nr, int step) {
 // long sequential weight streams (consecutive weight rows are adjacent) instead of NR short
 // interleaved ones the prefetchers lose track of. One or two rows (a decode step, a short
 // verification): 6 columns in flight (faster than 4 where the weights sit in the L3, as the embedded
-// pair's do; even from DRAM). More rows: 4 x 3 tiles (measured best of 4x2, 4x3, 3x4, 5x2 with
-// AVX2's 16 registers; 4 x 6 for vdpbf16ps), each chunk of rows reusing the weights its first tile
-// streamed in. Tiles only share loads: the
-// numbers are those of any other tiling.
+// pair's do; even from DRAM; 8 or 12 slower on AVX-512 too). More rows: 4 x 3 tiles with AVX2's 16
+// registers (measured best of 4x2, 4x3, 3x4, 5x2), 6 x 4 with AVX-512's 32 (with 4 x 6, 5 x 5 and
+// 4 x 4 within the noise, 3 x 8 and 8 x 3 slower), each chunk of rows reusing the weights its first
+// tile streamed in. Tiles only share loads: the numbers are those of any other tiling.
 template <int MR, int NR>
 inline void run_parts(const Dense &k, int M, int n0, int n1) {
     const int q = (n1 - n0 + NR - 1) / NR;
@@ -459,10 +518,13 @@ inline void run_columns(const Dense &k, int M, int n0, int n1) {
         run_parts<1, 6>(k, M, n0, n1);
     else if (M == 2)
         run_parts<2, 6>(k, M, n0, n1);
-    else if (Dense::dot_bf16(k.dt, k.wdt))
-        run_parts<4, 6>(k, M, n0, n1);  // 32 registers: 4 x 6 beat 4 x 3 by ~10% (6 x 4, 8 x 3, 5 x 5 alike)
+#if defined(__AVX512F__)
+    else
+        run_parts<6, 4>(k, M, n0, n1);
+#else
     else
         run_parts<4, 3>(k, M, n0, n1);
+#endif
 }
 
 
