@@ -37,7 +37,7 @@ def run_steps(model):
 @needs_kernels
 @pytest.mark.parametrize("quant", [None, "int4", "w8a8", "fp8-block"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
 def test_fused_layer_equals_the_modules_bit_for_bit(isa, model_dirs, family, dtype, quant):
     model = load_model(model_dirs[family], device="cpu", dtype=dtype)
     if quant:
@@ -70,6 +70,13 @@ def test_fused_layer_equals_the_modules_bit_for_bit(isa, model_dirs, family, dty
             run_steps(model)
             hook.remove()
         assert [seen.count(m) for m in watched] == [5] * len(watched)
+        if model.args.qk_norm:  # Qwen3's q/k norms run inside the attention call, unless hooked
+            q_norm = model.model.layers[0].self_attn.q_norm
+            hook = q_norm.register_forward_pre_hook(lambda m, args: seen.append(m))
+            assert model.cpu_layers(x, model.new_cache(4)) is None
+            run_steps(model)
+            hook.remove()
+            assert seen.count(q_norm) == 5
     assert len(whole) == len(modules) == len(per_layer)
     for a, b, c in zip(whole, per_layer, modules):
         assert torch.equal(a, c) and torch.equal(b, c)

@@ -1,5 +1,6 @@
-"""speclite's AVX2 layer ops (RMSNorm, SwiGLU, RoPE + cache write + attention) against float64 torch
-math, rows independent of the batch, and keys a row does not see changing nothing."""
+"""speclite's CPU layer ops (RMSNorm, SwiGLU, q/k norms + RoPE + cache write + attention) on every ISA
+path of the machine against float64 torch math, rows independent of the batch, and keys a row does
+not see changing nothing."""
 
 from __future__ import annotations
 
@@ -53,12 +54,20 @@ def rope64(x, cos, sin):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def attention_reference(qkv, cos, sin, cache_k, cache_v, heads, kv_heads, start, mask):
-    """float64: RoPE, the new keys/values after the cached ones, softmax attention under mask."""
+def norm64(x, w, eps=1e-6):
+    return w.double() * x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+def attention_reference(qkv, cos, sin, cache_k, cache_v, heads, kv_heads, start, mask, qk_norm=None):
+    """float64: each head's q/k norm (qk_norm's weights, Qwen3) and RoPE, the new keys/values after the
+    cached ones, softmax attention under mask."""
     t, d = qkv.shape[0], cache_k.shape[-1]
     q, k, v = qkv.double().split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q, k = q.view(t, heads, d), k.view(t, kv_heads, d)
+    if qk_norm is not None:
+        q, k = norm64(q, qk_norm[0]), norm64(k, qk_norm[1])
     c, s = cos.double()[:, None, :], sin.double()[:, None, :]
-    q, k, v = rope64(q.view(t, heads, d), c, s), rope64(k.view(t, kv_heads, d), c, s), v.view(t, kv_heads, d)
+    q, k, v = rope64(q, c, s), rope64(k, c, s), v.view(t, kv_heads, d)
     keys = torch.cat([cache_k[:, :start].double(), k.transpose(0, 1)], dim=1)
     values = torch.cat([cache_v[:, :start].double(), v.transpose(0, 1)], dim=1)
     group = heads // kv_heads
@@ -94,6 +103,26 @@ def test_attention_equals_float64_math_and_writes_the_cache(isa, dtype, t, start
     assert out.dtype == dtype and rel_err(out, ref) < tol
     assert rel_err(cache_k[:, start:end], k.transpose(0, 1)) < tol
     assert torch.equal(cache_v[:, start:end], v.transpose(0, 1).to(dtype))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,start", [(1, 0), (1, 17), (5, 9)])
+def test_attention_with_qwen3_qk_norms_equals_float64_math(isa, dtype, t, start):
+    qkv, cos, sin, cache_k, cache_v = case(dtype, t, start, seed=3 * t + start)
+    qkv = qkv * 4 + 1  # off-centre and large: the norms change the numbers
+    g = torch.Generator().manual_seed(t)
+    norms = tuple((torch.rand(32, generator=g) + 0.5).to(dtype) for _ in range(2))
+    end = start + t
+    mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+    ref, k, v = attention_reference(qkv, cos, sin, cache_k, cache_v, 4, 2, start, mask, norms)
+    out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, 4, 2, start, end, None, norms, 1e-6)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert rel_err(out, ref) < tol
+    assert rel_err(cache_k[:, start:end], k.transpose(0, 1)) < tol
+    plain_k = cache_k.clone()
+    cpu_layer_ops.attention(qkv, cos, sin, plain_k, cache_v.clone(), 4, 2, start, end, None)
+    assert rel_err(plain_k[:, start:end], k.transpose(0, 1)) > 10 * tol  # the norms were applied, not skipped
 
 
 @needs_kernels

@@ -48,34 +48,39 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
-              heads: int, kv_heads: int, start: int, keys: int, mask: torch.Tensor | None) -> torch.Tensor:
-    """RoPE on q and k of the projections qkv [t, (heads + 2 kv_heads) d], k and v written to the
-    cache [kv_heads, max_len, d] at start.., and attention [t, heads d] over cache keys 0..keys-1
+              heads: int, kv_heads: int, start: int, keys: int, mask: torch.Tensor | None,
+              qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None, eps: float = 0.0) -> torch.Tensor:
+    """RoPE on q and k of the projections qkv [t, (heads + 2 kv_heads) d] (each head RMSNormed first by
+    qk_norm's (q weight, k weight) [d] of qkv's dtype, with eps, where given: Qwen3), k and v written to
+    the cache [kv_heads, max_len, d] at start.., and attention [t, heads d] over cache keys 0..keys-1
     (mask [t, keys] bool; None: causal from start)."""
     t, d = qkv.shape[0], cache_k.shape[-1]
     out = torch.empty(t, heads * d, dtype=qkv.dtype)
     mask = None if mask is None else mask.to(torch.uint8).contiguous()
+    norms = None if qk_norm is None else (_P * 2)(*(w.data_ptr() for w in qk_norm))
     _library().speclite_attention(
         qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(), out.data_ptr(),
         None if mask is None else mask.data_ptr(), DTYPES[qkv.dtype], t, heads, kv_heads, d, cache_k.shape[1], start,
-        keys, d ** -0.5, torch.get_num_threads())
+        keys, d ** -0.5, norms, eps, torch.get_num_threads())
     return out
 
 
 class Layer(ctypes.Structure):
     """One decoder block for decoder_layers: its four products (cpu_gemm.Matrices: q/k/v joined, o,
-    gate/up joined, down), its two RMSNorm weights (the activations' dtype) and its attention shape.
-    Mirrors struct Layer in layer_ops.cpp."""
+    gate/up joined, down), its two RMSNorm weights (the activations' dtype), Qwen3's q and k norm
+    weights or None, and its attention shape. Mirrors struct Layer in layer_ops.cpp."""
 
     _fields_ = [("qkv", ctypes.POINTER(Matrices)), ("o", ctypes.POINTER(Matrices)),
                 ("gate_up", ctypes.POINTER(Matrices)), ("down", ctypes.POINTER(Matrices)),
-                ("norm1", _P), ("norm2", _P), ("eps", _F), ("heads", _I), ("kv_heads", _I), ("head_dim", _I)]
+                ("norm1", _P), ("norm2", _P), ("qk_norm", ctypes.POINTER(_P)), ("eps", _F), ("heads", _I),
+                ("kv_heads", _I), ("head_dim", _I)]
 
     def __init__(self, mats: list[Matrices], norms: list[torch.Tensor], eps: float, heads: int, kv_heads: int,
-                 head_dim: int):
-        super().__init__(*(ctypes.pointer(m) for m in mats), *(n.data_ptr() for n in norms), eps, heads, kv_heads,
-                         head_dim)
-        self.keep = (mats, norms)  # what the pointers point at lives as long as this
+                 head_dim: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None):
+        pair = None if qk_norm is None else (_P * 2)(*(w.data_ptr() for w in qk_norm))
+        super().__init__(*(ctypes.pointer(m) for m in mats), *(n.data_ptr() for n in norms),
+                         None if pair is None else ctypes.cast(pair, ctypes.POINTER(_P)), eps, heads, kv_heads, head_dim)
+        self.keep = (mats, norms, qk_norm, pair)  # what the pointers point at lives as long as this
 
 
 class Head(ctypes.Structure):
@@ -156,7 +161,7 @@ def greedy_chain(layers: Layers, embed: torch.Tensor, token: int, cos: torch.Ten
 SIGNATURES = {
     "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
     "speclite_swiglu": [_P, _P, _I, _I, _I],
-    "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I],
+    "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _P, _F, _I],
     "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
                                 ctypes.POINTER(Head), _I, _P, _P, _I],
     "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,

@@ -215,9 +215,10 @@ class Attention(nn.Module):
         t, h, kv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = project(x, self.q_proj, self.k_proj, self.v_proj)
         cache_k, cache_v = layer_cache
-        if not self.qk_norm and cache_k.dtype == qkv.dtype and cpu_layer_ops.takes(qkv) and not cpu_gemm.needs_grad(qkv):
-            # RoPE, the cache write and attention in one call.
-            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k), mask)
+        if self.cpu_attention_applies(qkv, cache_k) and not cpu_gemm.needs_grad(qkv):
+            # The q/k norms, RoPE, the cache write and attention in one call.
+            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k), mask,
+                                          *self.cpu_qk_norm())
             return self.o_proj(out)
         q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
         q, k, v = q.reshape(t, h, d), k.reshape(t, kv, d), v.reshape(t, kv, d)
@@ -244,6 +245,17 @@ class Attention(nn.Module):
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return self.o_proj(out.squeeze(0).transpose(0, 1).reshape(t, -1))
+
+    def cpu_attention_applies(self, qkv: torch.Tensor, cache_k: torch.Tensor) -> bool:
+        """The C attention takes qkv and the cache (one dtype), and the q/k norms if any (that dtype,
+        no hook: a hook would never fire inside the call)."""
+        norms = (self.q_norm, self.k_norm) if self.qk_norm else ()
+        return (cache_k.dtype == qkv.dtype and cpu_layer_ops.takes(qkv) and not hooked(norms)
+                and all(n.weight.dtype == qkv.dtype for n in norms))
+
+    def cpu_qk_norm(self) -> tuple:
+        """(the q and k norm weights, eps) for the C attention, or () without q/k norms."""
+        return ((self.q_norm.weight, self.k_norm.weight), self.q_norm.eps) if self.qk_norm else ()
 
 
 class MLP(nn.Module):
@@ -295,25 +307,25 @@ class Block(nn.Module):
         return cpu_gemm.cached(self, modules, build)
 
     def cpu_layer_applies(self, x: torch.Tensor, cache_k: torch.Tensor) -> bool:
-        """x, the cache and the norms of one dtype the kernels take; no q/k norms."""
+        """x, the cache and the norms (q/k norms included) of one dtype the kernels take."""
         norms = (self.input_layernorm, self.post_attention_layernorm)
-        return (not self.self_attn.qk_norm and x.dim() == 2 and cache_k.dtype == x.dtype and cpu_layer_ops.takes(x)
-                and all(n.weight.dtype == x.dtype for n in norms))
+        return (x.dim() == 2 and cache_k.dtype == x.dtype and cpu_layer_ops.takes(x)
+                and all(n.weight.dtype == x.dtype for n in norms) and self.self_attn.cpu_attention_applies(x, cache_k))
 
     def kernel_modules(self) -> list[nn.Module]:
         attn, mlp = self.self_attn, self.mlp
         return [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj,
-                self.input_layernorm, self.post_attention_layernorm]
+                self.input_layernorm, self.post_attention_layernorm, *([attn.q_norm, attn.k_norm] if attn.qk_norm else [])]
 
     def build_cpu_layer(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
         """The Layer struct, or None where a linear's class has no CPU kernel for it."""
-        q, k, v, o, gate, up, down, norm1, norm2 = self.kernel_modules()
+        q, k, v, o, gate, up, down, norm1, norm2 = self.kernel_modules()[:9]
         mats = [cpu_gemm.module_matrices(x, g) for g in ([q, k, v], [o], [gate, up], [down])]
         if any(m is None for m in mats):
             return None
         attn = self.self_attn
         return cpu_layer_ops.Layer(mats, [norm1.weight, norm2.weight], norm1.eps, attn.num_heads, attn.num_kv_heads,
-                                   attn.head_dim)
+                                   attn.head_dim, attn.cpu_qk_norm()[0] if attn.qk_norm else None)
 
 
 class Backbone(nn.Module):

@@ -11,6 +11,7 @@ namespace {
 struct Layer {
     const Matrices *qkv, *o, *gate_up, *down;  // q/k/v side by side, o, gate/up side by side, down
     const void *norm1, *norm2;                 // [H] in the activations' dtype
+    const void *const *qk_norm;                // Qwen3's q and k norms ([head_dim] each), or null
     float eps;
     int heads, kv_heads, head_dim;
 };
@@ -61,7 +62,7 @@ inline void layer_team(const Layer &ly, const Step &st, const void *x, void *out
     for (int m = 0; m < M; m++) rms_norm_row(x, ly.norm1, normed, dt, m, H, ly.eps);
     matmul_team(*ly.qkv, normed, dt, M, qkv, sc);
     attention_team(qkv, st.cos, st.sin, cache_k, cache_v, att, st.mask, dt, M, ly.heads, ly.kv_heads, ly.head_dim,
-                   st.max_len, st.start, st.L, st.scale);
+                   st.max_len, st.start, st.L, st.scale, ly.qk_norm, ly.eps);
     matmul_team(*ly.o, att, dt, M, o, sc);
 #pragma omp for schedule(static)
     for (int m = 0; m < M; m++) {
@@ -128,11 +129,11 @@ void speclite_swiglu(const void *gate_up, void *y, int dt, int M, int I) { swigl
 
 void speclite_attention(const void *qkv, const void *cos, const void *sin, void *cache_k, void *cache_v, void *out,
                         const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
-                        float scale, int threads) {
+                        float scale, const void *const *qk_norm, float eps, int threads) {
     // A fork costs more than a short decode step's attention: one thread unless there is real work.
     const int64_t work = (int64_t)t * H * L * d;
 #pragma omp parallel num_threads(work > (1 << 18) ? threads : 1)
-    attention_team(qkv, cos, sin, cache_k, cache_v, out, mask, dt, t, H, Hkv, d, max_len, start, L, scale);
+    attention_team(qkv, cos, sin, cache_k, cache_v, out, mask, dt, t, H, Hkv, d, max_len, start, L, scale, qk_norm, eps);
 }
 
 // The n decoder layers of a model (or one block, n = 1) in one team: x [M, H] through

@@ -100,33 +100,44 @@ inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I) {
 //   the rotated keys and the values are written to cache_k/cache_v [Hkv, max_len, d] at slots
 //   start..start+t-1; out [t, H d] = softmax(q k^T * scale) v over keys 0..L-1, where new token i
 //   sees key j if mask[i, j] (mask [t, L] of bytes), or without a mask if j <= start + i.
+// Qwen3-style q/k norms (qk_norm[0] for the queries, [1] for the keys, [d] each in the dtype; null:
+// none) are each head's RMSNorm before RoPE, rounded as the RMSNorm module rounds it.
 // Keys a row does not see cost nothing and change nothing: the result equals attention over the
 // visible keys alone, whatever L is. Ends in a barrier: out is whole.
 inline void attention_team(const void *qkv, const void *cos, const void *sin, void *cache_k, void *cache_v, void *out,
                            const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
-                           float scale) {
+                           float scale, const void *const *qk_norm, float eps) {
     const int half = d / 2, width = (H + 2 * Hkv) * d, group = H / Hkv;
-    // RoPE of one head's vector (row i, column offset c) into fp32 dst: x cos + rotate_half(x) sin.
-    auto rope = [&](int i, int c, float *dst) {
+    std::vector<float> q(d), acc(d), scores(L), head(d);
+    // RoPE of one head's vector (row i, column offset c; normed by `norm` first where not null) into
+    // fp32 dst: x cos + rotate_half(x) sin.
+    auto rope = [&](int i, int c, const void *norm, float *dst) {
+        const int64_t at = (int64_t)i * width + c;
+        if (norm) {
+            float ss = 0.f;
+            for (int e = 0; e < d; e++) ss += to_float(qkv, dt, at + e) * to_float(qkv, dt, at + e);
+            const float r = 1.f / std::sqrt(ss / (float)d + eps);
+            for (int e = 0; e < d; e++) head[e] = round_to(dt, to_float(norm, dt, e) * round_to(dt, to_float(qkv, dt, at + e) * r));
+        } else {
+            for (int e = 0; e < d; e++) head[e] = to_float(qkv, dt, at + e);
+        }
         for (int e = 0; e < d; e++) {
-            const float x = to_float(qkv, dt, (int64_t)i * width + c + e);
-            const float other = to_float(qkv, dt, (int64_t)i * width + c + (e < half ? e + half : e - half));
-            dst[e] = x * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
+            const float other = head[e < half ? e + half : e - half];
+            dst[e] = head[e] * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
         }
     };
-    std::vector<float> q(d), acc(d), scores(L);
 #pragma omp for schedule(static)
     for (int task = 0; task < t * Hkv; task++) {
         const int i = task / Hkv, h = task % Hkv;
         const int64_t slot = ((int64_t)h * max_len + start + i) * d;
-        rope(i, (H + h) * d, q.data());
+        rope(i, (H + h) * d, qk_norm ? qk_norm[1] : nullptr, q.data());
         for (int e = 0; e < d; e++) store(cache_k, dt, slot + e, q[e]);
         for (int e = 0; e < d; e++) store(cache_v, dt, slot + e, to_float(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
     }
 #pragma omp for schedule(static)
     for (int task = 0; task < t * H; task++) {
         const int i = task / H, h = task % H, kvh = h / group;
-        rope(i, h * d, q.data());
+        rope(i, h * d, qk_norm ? qk_norm[0] : nullptr, q.data());
         const int64_t base = (int64_t)kvh * max_len * d;
         float best = -INFINITY;
         for (int j = 0; j < L; j++) {
