@@ -2,10 +2,12 @@
 
     python benchmarks/llamacpp.py --threads 2            # full table (~25 min cold, ~12 min cached)
     python benchmarks/llamacpp.py --threads 2 --layers 4 # a quick check of the plumbing
+    python benchmarks/llamacpp.py --threads 2 --shape qwen3-0.6b --skip-pair  # Qwen3 (q/k norms)
 
 llama.cpp is built from the llama-cpp-python sdist (pip download --no-binary, cmake with
 GGML_NATIVE=ON; llama-bench, llama-speculative, llama-quantize) and cached under
-~/.cache/speclite/llamacpp. The model is random weights of Qwen2.5-0.5B's shapes (no download),
+~/.cache/speclite/llamacpp. The model is random weights of Qwen2.5-0.5B's shapes (--shape: another
+shipped synthetic config, e.g. qwen3-0.6b; no download),
 written once as safetensors with the embedded pair's tokenizer; the converter inside the sdist
 (convert_hf_to_gguf.py and its gguf-py) turns it into GGUF f16 and Q8_0, llama-quantize makes Q4_0.
 speclite loads the same directory with `--quant` at load time.
@@ -43,7 +45,7 @@ from speclite.engine.loop import Request, decode
 from speclite.sampling import SamplingParams
 from speclite.model import load_model
 from speclite.quant import quantize_model
-from speclite.synthetic import build_synthetic
+from speclite.synthetic import build_synthetic, synthetic_config
 
 VERSION = "0.3.36"
 CACHE = Path(os.environ.get("SPECLITE_CACHE_DIR", Path.home() / ".cache" / "speclite")) / "llamacpp"
@@ -197,7 +199,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen2.5-0.5B's 24, for a quick run")
+    ap.add_argument("--shape", default="qwen2.5-0.5b", help="the synthetic config of the equal-bits rows")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's, for a quick run")
     ap.add_argument("--skip-pair", action="store_true")
     ap.add_argument("--pair-only", action="store_true", help="only the embedded pair's rows")
     args = ap.parse_args()
@@ -211,9 +214,9 @@ def main():
 
     pair_dir = hub.resolve("tiny-code")
     rows = [] if args.pair_only else ROWS
-    model_dir = CACHE / f"qwen2.5-0.5b-{args.layers or 'full'}"
+    model_dir = CACHE / f"{args.shape}-{args.layers or 'full'}"
     if rows and not (model_dir / "model.safetensors").exists():
-        build_synthetic("qwen2.5-0.5b", model_dir, layers=args.layers, tokenizer_from=pair_dir)
+        build_synthetic(args.shape, model_dir, layers=args.layers, tokenizer_from=pair_dir)
     ggufs = {kind: gguf(source, bins, model_dir, kind) for _, _, kind in rows}
     models = {}
     for label, quant, _ in rows:
@@ -255,7 +258,8 @@ def main():
     m = {key: median(v) for key, v in results.items()}
     print(f"\n{args.threads} threads, median of {args.rounds} interleaved rounds")
     if rows:
-        print(f"\nQwen2.5-0.5B shapes ({args.layers or 24} layers), random weights\n")
+        layers = args.layers or synthetic_config(args.shape)["num_hidden_layers"]
+        print(f"\n{args.shape} shapes ({layers} layers), random weights\n")
         print("| speclite vs llama.cpp | decode tok/s | llama.cpp | ratio | prefill tok/s | llama.cpp | ratio |")
         print("|---|---|---|---|---|---|---|")
     for label, _, kind in rows:

@@ -7,6 +7,10 @@ import os
 # (decode measured 3-20x slower under load). A short spin keeps the idle speed (RESULTS.md, Threads).
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# torch's CPU allocator then puts tensors of 2 MB and more on transparent huge pages: a decode step
+# reads every weight once, and on 4 KB pages each page costs a TLB miss (Qwen2.5-0.5B bf16 step,
+# median 34.3 -> 32.4 ms; RESULTS.md). Read by torch at its first large allocation.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from speclite.api import LLM, SpecConfig
 from speclite.engine.engine import RequestOutput
