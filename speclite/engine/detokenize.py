@@ -7,8 +7,10 @@ class IncrementalDetokenizer:
     """Decodes only a short window at the end: the tokens since the last emitted boundary.
 
     Decoding the window together with the tokens just before it keeps tokenizers that treat a
-    sequence's first token specially (SentencePiece's leading space) consistent; a window whose
-    text ends in an incomplete UTF-8 sequence is held back until its last byte arrives.
+    sequence's first token specially (SentencePiece's leading space) consistent. A window whose text
+    ends in a replacement character may end in a character whose last bytes have not arrived: that
+    one character is held back (earlier replacement characters are bytes that can never form one,
+    and are text like any other), and the window stays open until it ends in a whole character.
     """
 
     def __init__(self, tokenizer):
@@ -16,7 +18,8 @@ class IncrementalDetokenizer:
         self.ids: list[int] = []
         self.text = ""
         self.prefix = 0  # window start: tokens before it are settled
-        self.read = 0  # tokens up to here are in self.text
+        self.read = 0  # tokens up to here are settled, their text in self.text
+        self.shown = 0  # characters of the open window past the settled ones, already in self.text
 
     def _decode(self, start: int, end: int | None = None) -> str:
         return self.tokenizer.decode(self.ids[start:end], skip_special_tokens=True)
@@ -26,9 +29,13 @@ class IncrementalDetokenizer:
         self.ids.extend(ids)
         before = self._decode(self.prefix, self.read)
         window = self._decode(self.prefix)
-        if len(window) > len(before) and not window.endswith("\ufffd"):
-            self.text += window[len(before):]
-            self.prefix, self.read = self.read, len(self.ids)
+        held = window.endswith("\ufffd")
+        ready = window[: len(window) - held]
+        if len(ready) > len(before) + self.shown:
+            self.text += ready[len(before) + self.shown :]
+            self.shown = len(ready) - len(before)
+        if not held and len(window) > len(before):
+            self.prefix, self.read, self.shown = self.read, len(self.ids), 0
         return self.text
 
     def final(self) -> str:

@@ -73,13 +73,15 @@ class DFlashDraft(nn.Module):
         [B, H]: the block at the C positions after them. The block's own entries are written past
         the context and left outside cache.length, to be overwritten by the next block.
         """
-        c0, c = cache.length, context.shape[0]
-        pos = torch.arange(c0, c0 + c + embeds.shape[0], device=embeds.device)
+        c0, c, b = cache.length, context.shape[0], embeds.shape[0]
+        pos = torch.arange(c0, c0 + c + b, device=embeds.device)
         cos, sin = rope_tables(pos, self.inv_freq, self.rope_scale, embeds.dtype)
+        # The block sees every cache entry and all of itself (attention kernels read no mask as causal).
+        sees = torch.ones(b, c0 + c + b, dtype=torch.bool, device=embeds.device)
         x = embeds
         for layer, layer_cache in zip(self.model.layers, cache.layers):
             if c:
                 layer.inject(context, cos[:c], sin[:c], layer_cache, c0)
-            x = layer(x, cos[c:], sin[c:], layer_cache, c0 + c, None)  # mask None: the block sees everything
+            x = layer(x, cos[c:], sin[c:], layer_cache, c0 + c, sees)
         cache.length = c0 + c
         return self.model.norm(x)
