@@ -336,22 +336,14 @@ struct Dense {
     template <int MR, int NR>
     void tile(int m0, int n0, int step = 1) const {
 #if defined(__AVX512F__)
-        if (dot_bf16(dt, wdt))
-            tile_bf16<MR, NR>(m0, n0, step);
-        else if (wdt == BF16)
-            tile_512<MR, NR, BF16>(m0, n0, step);
-        else if (wdt == F16)
-            tile_512<MR, NR, F16>(m0, n0, step);
-        else
-            tile_512<MR, NR, F32>(m0, n0, step);
-#else
+        if (dot_bf16(dt, wdt)) return tile_bf16<MR, NR>(m0, n0, step);
+#endif
         if (wdt == BF16)
             tile_of<MR, NR, BF16>(m0, n0, step);
         else if (wdt == F16)
             tile_of<MR, NR, F16>(m0, n0, step);
         else
             tile_of<MR, NR, F32>(m0, n0, step);
-#endif
     }
 
 #if !defined(__AVX512F__)
@@ -388,7 +380,7 @@ struct Dense {
     // zeros past the row's end; one reduction at the end, in a fixed order. As in tile_bf16, the
     // tail and the prefetching are template arguments.
     template <int MR, int NR, int WDT>
-    void tile_512(int m0, int n0, int step) const {
+    void tile_of(int m0, int n0, int step) const {
         const float *xm[MR];
         int64_t at[NR];
         for (int i = 0; i < MR; i++) xm[i] = x + (int64_t)(m0 + i) * K;
