@@ -30,6 +30,9 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# A chain's mask before it is built: causal over the cache. The one-call step's kernels take it as no
+# mask at all; layers run one by one get it built (Transformer._run).
+CAUSAL = object()
 
 
 @dataclass(frozen=True)
@@ -394,7 +397,9 @@ class Transformer(nn.Module):
         if start + t > cache.max_len:
             raise SpecliteError(f"sequence of {start + t} tokens exceeds the context of {cache.max_len}")
         pos = slice(start, start + t) if tree is None else start + tree.depth
-        step = self._run(tokens, pos, cache, start, self._mask(start, t, tokens.device, tree), num_logits, wants)
+        # A chain's causal mask is built only if a layer runs outside the one-call step (_run).
+        mask = CAUSAL if tree is None and self.args.sliding_window is None else self._mask(start, t, tokens.device, tree)
+        step = self._run(tokens, pos, cache, start, mask, num_logits, wants)
         cache.length = start + t
         return step
 
@@ -479,11 +484,14 @@ class Transformer(nn.Module):
         if fused is not None:
             rows = min(num_logits, x.shape[0]) if num_logits else x.shape[0]  # as normed[-num_logits:] below
             x, layers, head = cpu_layer_ops.decoder_layers(fused, x, cos, sin, cache.layers,
-                                                           *attended(start, x.shape[0], cache.layers[0][0]), mask,
+                                                           *attended(start, x.shape[0], cache.layers[0][0]),
+                                                           None if mask is CAUSAL else mask,
                                                            wants.layers, rows, wants.final)
             if head is not None:  # the final norm and the logits came out of the same call
                 return Step(head[1], head[0], layers)
         else:
+            if mask is CAUSAL:
+                mask = self._mask(start, x.shape[0], x.device, None)
             layers = {}
             for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
                 if i in wants.layers:
