@@ -12,6 +12,10 @@ scratch cache whose first rows hold the window's injected context (DFlashLayer.i
 through the same DFlashLayer blocks, each under a mask that shows it the context before its anchor
 and its own rows. Saved in the published layout speclite loads (speclite/speculate/dflash/load.py).
 
+`--target-text N` trains on N of the target's own greedy continuations of training windows
+(train_heads.py's, the same cache file): the text the drafter is asked to continue at run time.
+`--init DIR` continues from a saved drafter.
+
     nice -n 10 python scripts/train_dflash.py --out-dir speclite/assets/tiny-code-dflash
 """
 
@@ -24,11 +28,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_tiny import batches, load_corpus, lr_at, token_stream  # noqa: E402
+from train_heads import rows, target_text  # noqa: E402
 
 from speclite.model import load_model  # noqa: E402
 from speclite.model.decoder import ModelArgs, rope_tables  # noqa: E402
@@ -127,14 +132,15 @@ def step_loss(draft, target, window_batch, args, rng, weights):
     return total / len(window_batch), agree / rows
 
 
-def train(draft, target, stream, args):
+def train(draft, target, draw, args):
+    """`draw(rng)`: endless batches of training windows [B, S]."""
     params = [p for p in draft.parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     rng = torch.Generator().manual_seed(args.seed)
     weights = torch.exp(-torch.arange(args.block_size - 1) / args.gamma)
     began = time.time()
     step = 0
-    for step, window in zip(range(args.steps), batches(stream, args.batch_size, args.seq_len - 1, rng)):
+    for step, window in zip(range(args.steps), draw(rng)):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         loss, agree = step_loss(draft, target, window, args, rng, weights)
@@ -196,7 +202,13 @@ def parse_args():
     p.add_argument("--anchors", type=int, default=32, help="blocks per window")
     p.add_argument("--eval-windows", type=int, default=32)
     p.add_argument("--log-every", type=int, default=10)
-    return p.parse_args()
+    p.add_argument("--init", default=None, help="continue from this drafter directory (its config wins)")
+    p.add_argument("--target-text", type=int, default=0, help="train on N of the target's greedy continuations")
+    p.add_argument("--prompt-len", type=int, default=32, help="--target-text: tokens of each window kept as the prompt")
+    p.add_argument("--target-text-cache", default=None, help="file keeping the generated text (train_heads.py's)")
+    args = p.parse_args()
+    args.target = str(TARGET)  # what train_heads.target_text generates with
+    return args
 
 
 def main():
@@ -218,14 +230,24 @@ def main():
     for p in target.parameters():
         p.requires_grad_(False)
     target_cfg = json.loads((TARGET / "config.json").read_text())
-    cfg = drafter_config(target_cfg, args, mask)
+    cfg = json.loads((Path(args.init) / "config.json").read_text()) if args.init else drafter_config(target_cfg, args, mask)
     layer_cfg, ids, block, mask = parse_config(cfg, "tiny-code-dflash", None)  # what the loader will read
     draft = DFlashDraft(ModelArgs.from_hf(layer_cfg), ids, block, mask)
-    init_weights(draft, args.seed)
+    if args.init:
+        saved = load_file(str(Path(args.init) / "model.safetensors"))
+        draft.load_state_dict({f"model.{name}": t.float() for name, t in saved.items()})
+        args.block_size = block
+    else:
+        init_weights(draft, args.seed)
     draft.init_rope("cpu")
     print(f"drafter: {sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M parameters", flush=True)
 
-    steps, wall = train(draft, target, train_stream, args)
+    draw = (lambda rng: batches(train_stream, args.batch_size, args.seq_len - 1, rng))
+    if args.target_text:
+        texts = target_text(args, train_stream)
+        print(f"training on {len(texts)} target continuations of {args.seq_len - args.prompt_len} tokens", flush=True)
+        draw = (lambda rng: rows(texts, args.batch_size, rng))
+    steps, wall = train(draft, target, draw, args)
     out = Path(args.out_dir)
     save(draft, cfg, out)
     agree = evaluate(draft, target, heldout_stream, args)

@@ -174,6 +174,20 @@ def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype) 
     return (emb.cos() * scale).to(dtype)[:, None, :], (emb.sin() * scale).to(dtype)[:, None, :]
 
 
+def rope_rows(owner: nn.Module, pos: torch.Tensor | slice, max_len: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_tables of `owner`'s RoPE (its inv_freq and rope_scale) for positions `pos` (< max_len; a
+    slice: consecutive ones, a chain). On the CPU, rows of tables computed once for every position of
+    the cache and kept on the owner (the same numbers: each element is computed on its own); the six
+    ops per step cost more than the lookup there, and a chain's rows are a view."""
+    if device.type != "cpu":
+        pos = torch.arange(pos.start, pos.stop, device=device) if isinstance(pos, slice) else pos
+        return rope_tables(pos, owner.inv_freq, owner.rope_scale, dtype)
+    tables = owner.__dict__.get("_rope_tables")
+    if tables is None or tables[0].shape[0] < max_len or tables[0].dtype != dtype:
+        tables = owner._rope_tables = rope_tables(torch.arange(max_len), owner.inv_freq, owner.rope_scale, dtype)
+    return tables[0][pos], tables[1][pos]
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -465,17 +479,7 @@ class Transformer(nn.Module):
         return layers
 
     def rope(self, pos: torch.Tensor | slice, max_len: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """rope_tables for positions `pos` (< max_len; a slice: consecutive ones, a chain). On the CPU,
-        rows of tables computed once for every position of the cache (the same numbers: each element
-        is computed on its own); the six ops per step cost more than the lookup there, and a chain's
-        rows are a view."""
-        if device.type != "cpu":
-            pos = torch.arange(pos.start, pos.stop, device=device) if isinstance(pos, slice) else pos
-            return rope_tables(pos, self.inv_freq, self.rope_scale, dtype)
-        tables = self.__dict__.get("_rope_tables")
-        if tables is None or tables[0].shape[0] < max_len or tables[0].dtype != dtype:
-            tables = self._rope_tables = rope_tables(torch.arange(max_len), self.inv_freq, self.rope_scale, dtype)
-        return tables[0][pos], tables[1][pos]
+        return rope_rows(self, pos, max_len, dtype, device)
 
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
         x = self.model.embed_tokens(tokens)

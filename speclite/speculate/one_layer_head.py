@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.model.decoder import ModelArgs, rope_inv_freq, rope_tables
+from speclite.model.decoder import ModelArgs, rope_inv_freq, rope_rows
 from speclite.model.kv_cache import KVCache
 
 
@@ -33,7 +33,7 @@ class OneLayerHead(nn.Module):
         t, start = embeds.shape[0], cache.length
         if mask is None and t > 1:
             mask = torch.ones(t, start + t, dtype=torch.bool, device=embeds.device).tril(start)
-        cos, sin = rope_tables(positions, self.inv_freq, self.rope_scale, hidden.dtype)
+        cos, sin = rope_rows(self, positions, cache.max_len, hidden.dtype, hidden.device)
         out = self.model.layers[0](embeds, hidden, cos, sin, cache.layers[0], start, mask)
         cache.length = start + t
         return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.model.decoder import Block, Linear, ModelArgs, RMSNorm, rope_inv_freq, rope_tables, rotate
+from speclite.model.decoder import Block, Linear, ModelArgs, RMSNorm, rope_inv_freq, rope_rows, rotate
 from speclite.model.kv_cache import KVCache
 
 
@@ -74,8 +74,7 @@ class DFlashDraft(nn.Module):
         the context and left outside cache.length, to be overwritten by the next block.
         """
         c0, c, b = cache.length, context.shape[0], embeds.shape[0]
-        pos = torch.arange(c0, c0 + c + b, device=embeds.device)
-        cos, sin = rope_tables(pos, self.inv_freq, self.rope_scale, embeds.dtype)
+        cos, sin = rope_rows(self, slice(c0, c0 + c + b), cache.max_len, embeds.dtype, embeds.device)
         # The block sees every cache entry and all of itself (attention kernels read no mask as causal).
         sees = torch.ones(b, c0 + c + b, dtype=torch.bool, device=embeds.device)
         x = embeds
