@@ -241,3 +241,38 @@ def test_int4_head_on_int4_target_drafts_consistently(tmp_path):
         _, caps = run_target(target, seq + new)
         prop.observe(new, rows(caps, len(seq) - 1, len(seq) + kept))
         seq += new
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+@pytest.mark.parametrize("quant", [None, "int4"])
+def test_greedy_chain_in_one_call_equals_the_head_steps_one_by_one(tmp_path, dtype, norm_before_residual, quant):
+    """On the CPU a greedy chain runs in one C call (Eagle3Head.greedy_chain): the same drafts, bit
+    for bit, as the head's steps one by one (kept by a hook on the head's layer), over iterations
+    with rollbacks, a draft vocabulary mapped to target ids, bf16 and an int4 head."""
+    from speclite.speculate.eagle3 import load_draft
+
+    save_model(tmp_path / "t", "llama", seed=7, hidden=64, layers=5, intermediate_size=128)
+    target = load_model(tmp_path / "t", "cpu", dtype)
+    vocab = target.args.vocab_size
+    save_head(tmp_path / "h", "specforge", 64, vocab, 200, seed=9, scale=4.0, inter=128,
+              norm_before_residual=norm_before_residual)
+    heads = [load_draft(tmp_path / "h", target, quant) for _ in range(2)]
+    assert heads[0].cpu_layers(torch.zeros(1, 64, dtype=dtype)) is not None
+    heads[1].model.layers[0].mlp.register_forward_hook(lambda *_: None)  # its steps go one by one
+    assert heads[1].cpu_layers(torch.zeros(1, 64, dtype=dtype)) is None
+    props = [Eagle3Proposer(h, target.model.embed_tokens, 128, vocab) for h in heads]
+    rng = random.Random(5)
+    seq = [rng.randrange(vocab) for _ in range(7)]
+    for p in props:
+        prefill(p, target, seq)
+    for it in range(6):
+        k = 2 + it % 4
+        drafts = [p.propose(k).tokens for p in props]
+        assert drafts[0] == drafts[1] and len(drafts[0]) == k, it
+        kept = rng.randrange(k + 1)
+        new = drafts[0][:kept] + [rng.randrange(vocab)]
+        _, caps = run_target(target, seq + new)
+        for p in props:
+            p.observe(new, rows(caps, len(seq) - 1, len(seq) + kept))
+        seq += new

@@ -7,11 +7,15 @@
 namespace {
 
 // One decoder block's weights (Llama-family: pre-norm attention, then a pre-norm SwiGLU MLP).
+// An EAGLE-3 head's layer (hnorm set) reads two inputs, a state x and an embedding e: q/k/v read
+// [norm1(e), hnorm(x)] (2H wide), and the attention adds to x, or to hnorm(x) (residual_normed).
 // Mirrored by cpu_layer_ops.Layer.
 struct Layer {
     const Matrices *qkv, *o, *gate_up, *down;  // q/k/v side by side, o, gate/up side by side, down
     const void *norm1, *norm2;                 // [H] in the activations' dtype
     const void *const *qk_norm;                // Qwen3's q and k norms ([head_dim] each), or null
+    const void *hnorm;                         // EAGLE-3's hidden_norm [H], or null
+    int residual_normed;                       // EAGLE-3: the attention adds to hnorm(x)
     float eps;
     int heads, kv_heads, head_dim;
 };
@@ -33,40 +37,55 @@ struct Step {
     float scale;
 };
 
-// A layer's intermediate tensors (the activations' dtype): normed input, q/k/v, attention, o,
-// gate/up, swiglu, down.
+// A layer's intermediate tensors (the activations' dtype): normed input (K wide: H, or 2H for an
+// EAGLE-3 layer), q/k/v, attention, o, gate/up, swiglu, down.
 struct Buffers {
     std::vector<char> data;
-    int64_t H = 0, W = 0, A = 0, G = 0;
+    int64_t H = 0, K = 0, W = 0, A = 0, G = 0;
 
     // Also grows the team's matmul scratch for the layer's four products.
     void reserve(const Layer &ly, int M, int dt, Scratch &sc) {
-        H = ly.qkv->k, W = ly.qkv->n, A = (int64_t)ly.heads * ly.head_dim, G = ly.gate_up->n;
-        const size_t need = (size_t)(dt == F32 ? 4 : 2) * M * (3 * H + W + A + G + G / 2);
+        H = ly.o->n, K = ly.qkv->k, W = ly.qkv->n, A = (int64_t)ly.heads * ly.head_dim, G = ly.gate_up->n;
+        const size_t need = (size_t)(dt == F32 ? 4 : 2) * M * (K + 2 * H + W + A + G + G / 2);
         if (data.size() < need) data.resize(need);
         for (const Matrices *mt : {ly.qkv, ly.o, ly.gate_up, ly.down}) ::reserve(sc, *mt, M);
     }
 };
 
+// Element i of an array of dtype dt.
+inline char *at(const void *p, int dt, int64_t i) { return (char *)p + i * (dt == F32 ? 4 : 2); }
+
 thread_local Buffers layer_buffers;         // the caller's: the team shares them
 thread_local std::vector<char> layer_states;
 
-// One layer, run by every thread of a team (see speclite_decoder_layers). Ends in a barrier.
-inline void layer_team(const Layer &ly, const Step &st, const void *x, void *out, void *cache_k, void *cache_v,
-                       const Buffers &bufs, Scratch &sc) {
-    const int dt = st.dt, M = st.M, H = (int)bufs.H, I = (int)(bufs.G / 2);
+// One layer, run by every thread of a team (see speclite_decoder_layers; e: an EAGLE-3 layer's
+// embedding rows, else null). Ends in a barrier.
+inline void layer_team(const Layer &ly, const Step &st, const void *x, const void *e, void *out, void *cache_k,
+                       void *cache_v, const Buffers &bufs, Scratch &sc) {
+    const int dt = st.dt, M = st.M, H = (int)bufs.H, K = (int)bufs.K, I = (int)(bufs.G / 2);
     const int64_t es = dt == F32 ? 4 : 2;
-    char *normed = (char *)bufs.data.data(), *qkv = normed + es * M * H, *att = qkv + es * M * bufs.W;
+    char *normed = (char *)bufs.data.data(), *qkv = normed + es * M * K, *att = qkv + es * M * bufs.W;
     char *o = att + es * M * bufs.A, *gu = o + es * M * H, *act = gu + es * M * bufs.G, *down = act + es * M * I;
+    // The attention adds to x, or (EAGLE-3, residual_normed) to hnorm(x), kept in out meanwhile.
+    const void *residual = ly.hnorm && ly.residual_normed ? out : x;
 #pragma omp for schedule(static)
-    for (int m = 0; m < M; m++) rms_norm_row(x, ly.norm1, normed, dt, m, H, ly.eps);
+    for (int m = 0; m < M; m++) {
+        if (ly.hnorm) {
+            rms_norm_row(at(e, dt, (int64_t)m * H), ly.norm1, at(normed, dt, (int64_t)m * K), dt, 0, H, ly.eps);
+            rms_norm_row(at(x, dt, (int64_t)m * H), ly.hnorm, at(normed, dt, (int64_t)m * K + H), dt, 0, H, ly.eps);
+            if (ly.residual_normed) memcpy(at(out, dt, (int64_t)m * H), at(normed, dt, (int64_t)m * K + H), es * H);
+        } else {
+            rms_norm_row(x, ly.norm1, normed, dt, m, H, ly.eps);
+        }
+    }
     matmul_team(*ly.qkv, normed, dt, M, qkv, sc);
     attention_team(qkv, st.cos, st.sin, cache_k, cache_v, att, st.mask, dt, M, ly.heads, ly.kv_heads, ly.head_dim,
                    st.max_len, st.start, st.L, st.scale, ly.qk_norm, ly.eps);
     matmul_team(*ly.o, att, dt, M, o, sc);
 #pragma omp for schedule(static)
     for (int m = 0; m < M; m++) {
-        for (int64_t i = (int64_t)m * H; i < (int64_t)(m + 1) * H; i++) store(out, dt, i, to_float(x, dt, i) + to_float(o, dt, i));
+        for (int64_t i = (int64_t)m * H; i < (int64_t)(m + 1) * H; i++)
+            store(out, dt, i, to_float(residual, dt, i) + to_float(o, dt, i));
         rms_norm_row(out, ly.norm2, normed, dt, m, H, ly.eps);
     }
     matmul_team(*ly.gate_up, normed, dt, M, gu, sc);
@@ -90,7 +109,7 @@ struct Model {
     // Before the team forks (growing a buffer inside it would cost a barrier): what M rows and R
     // logit rows need.
     void reserve(int M, int R, int dt) {
-        bytes = (int64_t)M * layers[0]->qkv->k * (dt == F32 ? 4 : 2);
+        bytes = (int64_t)M * layers[0]->o->n * (dt == F32 ? 4 : 2);
         for (int i = 0; i < n; i++) bufs.reserve(*layers[i], M, dt, sc);
         if (head) ::reserve(sc, *head->mats, R);
         between.resize(2 * bytes);
@@ -104,7 +123,7 @@ struct Model {
             void *to = i == n - 1 ? out : between.data() + i % 2 * bytes;
 #pragma omp single nowait
             if (captures[i]) memcpy(captures[i], in, bytes);
-            layer_team(*layers[i], st, in, to, caches_k[i], caches_v[i], bufs, sc);
+            layer_team(*layers[i], st, in, nullptr, to, caches_k[i], caches_v[i], bufs, sc);
         }
         if (head) {
             // The layers' normed-input buffer is free now (row m of it holds row m's state).
@@ -169,7 +188,7 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
                            int max_len, int start, float scale, int vocab, int steps, int *tokens, int threads) {
     Model model{layers, n, head, layer_buffers, scratch, layer_states};
     model.reserve(1, 1, dt);
-    const int H = layers[0]->qkv->k, d = layers[0]->head_dim, V = head->mats->n;
+    const int H = layers[0]->o->n, d = layers[0]->head_dim, V = head->mats->n;
     const int64_t es = dt == F32 ? 4 : 2;
     std::vector<char> x(es * H), out(es * H), logits(es * V);
     std::vector<void *> captures(n + 1, nullptr);
@@ -190,6 +209,45 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
             tokens[i] = best;
             memcpy(x.data(), (const char *)embed + es * H * best, es * H);
         }  // the team waits here: the next step reads x
+    }
+}
+
+// n greedy drafts of an EAGLE-3 head (one layer with hnorm set, and its norm + lm_head), as n of its
+// steps one by one give them: step i feeds the embedding row of `token` (embed [V', H], the
+// activations' dtype) and the state `hidden` [H] at position start + i (cos/sin: the RoPE rows of
+// positions start.., d values each; the cache gains an entry), the argmax over the head's
+// vocabulary (first of equal maxima, NaN the largest) mapped through vocab_map (draft id -> token)
+// is tokens[i] and is fed next, with the layer's output as the next state.
+void speclite_head_chain(const Layer *layer, const Head *head, const void *embed, const int64_t *vocab_map, int token,
+                         const void *hidden, void *cache_k, void *cache_v, int dt, const void *cos, const void *sin,
+                         int max_len, int start, float scale, int steps, int *tokens, int threads) {
+    Buffers &bufs = layer_buffers;
+    Scratch &sc = scratch;
+    bufs.reserve(*layer, 1, dt, sc);
+    ::reserve(sc, *head->mats, 1);
+    const int H = layer->o->n, d = layer->head_dim, V = head->mats->n;
+    const int64_t es = dt == F32 ? 4 : 2;
+    std::vector<char> x(es * H), out(es * H), normed(es * H), logits(es * V);
+    memcpy(x.data(), hidden, es * H);
+#pragma omp parallel num_threads(threads)
+    for (int i = 0; i < steps; i++) {
+        const Step st{dt, 1, at(cos, dt, (int64_t)d * i), at(sin, dt, (int64_t)d * i), nullptr, max_len, start + i,
+                      start + i + 1, scale};
+        layer_team(*layer, st, x.data(), at(embed, dt, (int64_t)H * token), out.data(), cache_k, cache_v, bufs, sc);
+#pragma omp single
+        rms_norm_row(out.data(), head->norm, normed.data(), dt, 0, H, head->eps);
+        matmul_team(*head->mats, normed.data(), dt, 1, logits.data(), sc);
+#pragma omp single
+        {
+            int best = 0;
+            float top = to_float(logits.data(), dt, 0);
+            for (int v = 1; v < V && !std::isnan(top); v++) {
+                const float f = to_float(logits.data(), dt, v);
+                if (f > top || std::isnan(f)) best = v, top = f;
+            }
+            tokens[i] = token = vocab_map ? (int)vocab_map[best] : best;
+            memcpy(x.data(), out.data(), es * H);
+        }  // the team waits here: the next step reads token and x
     }
 }
 

@@ -118,9 +118,16 @@ class Eagle3Proposer(Proposer):
                 token = sample(q, uniform(gen))
                 probs.append(q)
             drafts.append(token)
-            if i < k - 1:
-                logits, state = self._step([token], state, [self.committed + i])
-                logits = logits[-1]
+            if i == k - 1:
+                break
+            # Greedy: the rest of the chain in one call where the head can (the same drafts).
+            chain = params.greedy and getattr(self.head, "greedy_chain", None)
+            rest = chain and chain(token, state, self.cache, k - 1 - i, self.embed)
+            if rest:
+                drafts += rest
+                break
+            logits, state = self._step([token], state, [self.committed + i])
+            logits = logits[-1]
         return Proposal(drafts, torch.stack(probs) if probs else None)
 
     def _tree(self, logits, state, budget: int, room: int) -> Proposal:
