@@ -121,12 +121,13 @@ class Layers:
 
 def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layers,
                    start: int, keys: int, mask: torch.Tensor | None, wants: tuple[int, ...] = (),
-                   logit_rows: int = 0, final: bool = False):
+                   logit_rows: int = 0, final: bool = False, embeds: torch.Tensor | None = None):
     """x [t, H] through every layer in one call and one thread team, the same numbers as their modules
     one by one (attention as attention() above: cache written at start.., keys 0..keys-1, mask
     [t, keys] or causal): the output, {i: layer i's input} for i in `wants` (i = the number of
     layers: the last one's output), and, where `layers.head` is set, (the final normed state of
-    every row if `final` else None, the logits of the last `logit_rows` rows), else None."""
+    every row if `final` else None, the logits of the last `logit_rows` rows), else None. `embeds`: an
+    EAGLE-3 head's embedding rows [t, H], read by its layer beside x."""
     x = x.contiguous()
     n = len(layers.layers)
     out = torch.empty_like(x)
@@ -139,8 +140,10 @@ def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torc
     caches_k, caches_v = layers.cache_pointers(cache_layers)
     mask = None if mask is None else mask.to(torch.uint8).contiguous()
     first = layers.layers[0]
+    embeds = None if embeds is None else embeds.contiguous()
     _library().speclite_decoder_layers(
-        layers.array, n, x.data_ptr(), out.data_ptr(), captures, caches_k, caches_v, DTYPES[x.dtype], x.shape[0],
+        layers.array, n, x.data_ptr(), None if embeds is None else embeds.data_ptr(), out.data_ptr(), captures,
+        caches_k, caches_v, DTYPES[x.dtype], x.shape[0],
         cos.data_ptr(), sin.data_ptr(), None if mask is None else mask.data_ptr(), cache_layers[0][0].shape[1],
         start, keys, first.head_dim ** -0.5, head, logit_rows, None if normed is None else normed.data_ptr(),
         None if logits is None else logits.data_ptr(), torch.get_num_threads())
@@ -184,7 +187,7 @@ SIGNATURES = {
     "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
     "speclite_swiglu": [_P, _P, _I, _I, _I],
     "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _P, _F, _I],
-    "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
+    "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
                                 ctypes.POINTER(Head), _I, _P, _P, _I],
     "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
                               ctypes.POINTER(ctypes.c_int), _I],

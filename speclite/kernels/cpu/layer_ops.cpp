@@ -116,14 +116,14 @@ struct Model {
     }
 
     // Run by every thread of the team; see speclite_decoder_layers. Ends in a barrier.
-    void forward_team(const Step &st, const void *x, void *out, void *const *captures, void *const *caches_k,
-                      void *const *caches_v, int R, void *normed, void *logits) const {
+    void forward_team(const Step &st, const void *x, const void *e, void *out, void *const *captures,
+                      void *const *caches_k, void *const *caches_v, int R, void *normed, void *logits) const {
         for (int i = 0; i < n; i++) {
             const void *in = i == 0 ? x : between.data() + (i - 1) % 2 * bytes;
             void *to = i == n - 1 ? out : between.data() + i % 2 * bytes;
 #pragma omp single nowait
             if (captures[i]) memcpy(captures[i], in, bytes);
-            layer_team(*layers[i], st, in, nullptr, to, caches_k[i], caches_v[i], bufs, sc);
+            layer_team(*layers[i], st, in, i == 0 ? e : nullptr, to, caches_k[i], caches_v[i], bufs, sc);
         }
         if (head) {
             // The layers' normed-input buffer is free now (row m of it holds row m's state).
@@ -162,18 +162,19 @@ void speclite_attention(const void *qkv, const void *cos, const void *sin, void 
 // path bit for bit; attention as speclite_attention (cache write at start.., keys 0..L-1, mask or
 // causal). captures[i], where not null, receives layer i's input
 // (captures[n]: the last layer's output), for the methods that draft from the target's states.
+// e: the embedding rows [M, H] an EAGLE-3 head's layer (the first) reads beside x, else null.
 // With a head, the same team then norms the output and multiplies its last R rows by the head into
 // logits [R, V], as the model's final norm and lm_head modules would; `normed`, where not null,
 // receives every row's normed state (all M rows are normed then), else only the R rows are.
-void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, void *out, void *const *captures,
-                             void *const *caches_k, void *const *caches_v, int dt, int M, const void *cos,
-                             const void *sin, const uint8_t *mask, int max_len, int start, int L, float scale,
-                             const Head *head, int R, void *normed, void *logits, int threads) {
+void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, const void *e, void *out,
+                             void *const *captures, void *const *caches_k, void *const *caches_v, int dt, int M,
+                             const void *cos, const void *sin, const uint8_t *mask, int max_len, int start, int L,
+                             float scale, const Head *head, int R, void *normed, void *logits, int threads) {
     const Step st{dt, M, cos, sin, mask, max_len, start, L, scale};
     Model model{layers, n, head, layer_buffers, scratch, layer_states};
     model.reserve(M, R, dt);
 #pragma omp parallel num_threads(threads)
-    model.forward_team(st, x, out, captures, caches_k, caches_v, R, normed, logits);
+    model.forward_team(st, x, e, out, captures, caches_k, caches_v, R, normed, logits);
     if (captures[n]) memcpy(captures[n], out, model.bytes);
 }
 
@@ -197,7 +198,7 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
     for (int i = 0; i < steps; i++) {
         const Step st{dt, 1, (const char *)cos + es * d * i, (const char *)sin + es * d * i, nullptr, max_len,
                       start + i, start + i + 1, scale};
-        model.forward_team(st, x.data(), out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
+        model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
 #pragma omp single
         {
             int best = 0;

@@ -75,9 +75,18 @@ class Eagle3Head(OneLayerHead):
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [T, draft vocab], pre-norm states [T, H]) for T rows appended at cache.length
-        (`mask` as OneLayerHead.run_layer's)."""
-        out = self.run_layer(embeds, hidden, positions, cache, mask)
-        return self.lm_head(self.model.norm(out)), out
+        (`mask` as OneLayerHead.run_layer's). On the CPU one C call where the kernels take the head."""
+        layers = self.cpu_layers(hidden) if embeds.dtype == hidden.dtype else None
+        if layers is None:
+            out = self.run_layer(embeds, hidden, positions, cache, mask)
+            return self.lm_head(self.model.norm(out)), out
+        t, start = hidden.shape[0], cache.length
+        cos, sin = rope_rows(self, positions, cache.max_len, hidden.dtype, hidden.device)
+        # No mask: causal over the cache (the kernels' reading), as run_layer builds it for several rows.
+        out, _, (_, logits) = cpu_layer_ops.decoder_layers(layers, hidden, cos, sin, cache.layers, start, start + t, mask,
+                                                           logit_rows=t, embeds=embeds)
+        cache.length = start + t
+        return logits, out
 
     def to_target(self, draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
         """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V] (-inf where the head has no token)."""
