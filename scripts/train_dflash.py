@@ -21,13 +21,11 @@ and its own rows. Saved in the published layout speclite loads (speclite/specula
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 

@@ -114,3 +114,33 @@ def test_cli_generate_with_mtp_equals_plain(tmp_path):
         mtp = cli_generate(target_dir, tmp_path, out, "--sp-type", "mtp", *flags)
         assert {i: r["token_ids"] for i, r in mtp.items()} == plain, flags
         assert all(r["aux_info"]["accepted_per_position"] for r in mtp.values())  # drafts were verified
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("target_name, module", [("deepseek", None), ("mimo", None), ("deepseek", "separate-mimo")])
+def test_module_steps_in_one_call_draft_what_its_steps_one_by_one_do(dirs, monkeypatch, dtype, target_name, module):
+    """On the CPU an MTP module's rows and greedy chains run in one C call each (eh_proj over the
+    normed pair, the block, the norm and the head; MiMo's normed state and [state, embedding] order;
+    the target's lm_head where the module has none): through the loop its proposals equal, bit for
+    bit, those of the same module run step by step (kept so by a hook on its block)."""
+    from speclite.kernels import cpu_layer_ops
+
+    target = load_model(dirs / target_name, "cpu", dtype)
+    chains = []
+    real = cpu_layer_ops.head_chain
+    monkeypatch.setattr(cpu_layer_ops, "head_chain", lambda *a, **k: chains.append(1) or real(*a, **k))
+    runs = []
+    for stepwise in (False, True):
+        prop = proposer(target, dirs / module if module else None)
+        if stepwise:
+            prop.head.model.layers[0].mlp.register_forward_hook(lambda *_: None)
+        proposals = []
+        propose = prop.propose
+        prop.propose = lambda k, propose=propose: proposals.append(propose(k)) or proposals[-1]
+        spec = Speculation(prop, SpecLength(4))
+        outs = [generate(target, p, spec)[0] for p in PROMPTS]
+        runs.append((outs, [q.tokens for q in proposals]))
+        if not stepwise:
+            assert chains, "the chain ran in one call"
+            chains.clear()
+    assert runs[0] == runs[1] and not chains

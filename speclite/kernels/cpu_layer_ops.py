@@ -68,23 +68,28 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
 class Layer(ctypes.Structure):
     """One decoder block for decoder_layers: its four products (cpu_gemm.Matrices: q/k/v joined, o,
     gate/up joined, down), its two RMSNorm weights (the activations' dtype), Qwen3's q and k norm
-    weights or None, an EAGLE-3 layer's hidden_norm weight (its q/k/v read [norm1(embedding),
-    hidden_norm(state)]) and whether its attention adds to the normed state, and the attention
-    shape. Mirrors struct Layer in layer_ops.cpp."""
+    weights or None, and its attention shape. A drafting head's layer also reads an embedding beside
+    the state (`head`, see struct Layer in layer_ops.cpp): EAGLE-3's (hidden_norm weight, whether the
+    attention adds to the normed state) or MTP's (hnorm and enorm weights, eh_proj's Matrices,
+    whether the state comes first). Mirrors struct Layer in layer_ops.cpp."""
 
     _fields_ = [("qkv", ctypes.POINTER(Matrices)), ("o", ctypes.POINTER(Matrices)),
                 ("gate_up", ctypes.POINTER(Matrices)), ("down", ctypes.POINTER(Matrices)),
                 ("norm1", _P), ("norm2", _P), ("qk_norm", ctypes.POINTER(_P)), ("hnorm", _P),
-                ("residual_normed", _I), ("eps", _F), ("heads", _I), ("kv_heads", _I), ("head_dim", _I)]
+                ("residual_normed", _I), ("in_proj", ctypes.POINTER(Matrices)), ("enorm", _P), ("state_first", _I),
+                ("eps", _F), ("heads", _I), ("kv_heads", _I), ("head_dim", _I)]
 
     def __init__(self, mats: list[Matrices], norms: list[torch.Tensor], eps: float, heads: int, kv_heads: int,
-                 head_dim: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 hnorm: torch.Tensor | None = None, residual_normed: bool = False):
+                 head_dim: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None, head: dict | None = None):
         pair = None if qk_norm is None else (_P * 2)(*(w.data_ptr() for w in qk_norm))
+        head = head or {}
+        hnorm, enorm, in_proj = head.get("hnorm"), head.get("enorm"), head.get("in_proj")
         super().__init__(*(ctypes.pointer(m) for m in mats), *(n.data_ptr() for n in norms),
                          None if pair is None else ctypes.cast(pair, ctypes.POINTER(_P)),
-                         None if hnorm is None else hnorm.data_ptr(), residual_normed, eps, heads, kv_heads, head_dim)
-        self.keep = (mats, norms, qk_norm, pair, hnorm)  # what the pointers point at lives as long as this
+                         None if hnorm is None else hnorm.data_ptr(), head.get("residual_normed", False),
+                         None if in_proj is None else ctypes.pointer(in_proj), None if enorm is None else enorm.data_ptr(),
+                         head.get("state_first", False), eps, heads, kv_heads, head_dim)
+        self.keep = (mats, norms, qk_norm, pair, head)  # what the pointers point at lives as long as this
 
 
 class Head(ctypes.Structure):
@@ -166,20 +171,21 @@ def greedy_chain(layers: Layers, embed: torch.Tensor, token: int, cos: torch.Ten
 
 
 def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.Tensor | None, token: int,
-               hidden: torch.Tensor, cache_layer, start: int, cos: torch.Tensor, sin: torch.Tensor, steps: int) -> list[int]:
-    """`steps` greedy drafts of an EAGLE-3 head in one call and one thread team: the embedding row of
-    `token` (embed [V', H]) and the state `hidden` [H] through `layer` at position start (cos/sin: RoPE
-    rows of positions start..), head's norm and lm_head, the argmax mapped through vocab_map (int64
-    draft id -> token, or None), fed next with the layer's output as the state; the head's cache
-    (cache_layer: its one layer's keys and values) gains `steps` entries. The drafts its steps one by
-    one would give."""
+               hidden: torch.Tensor, cache_layer, start: int, cos: torch.Tensor, sin: torch.Tensor, steps: int,
+               normed_state: bool = False) -> list[int]:
+    """`steps` greedy drafts of a one-layer drafting head (EAGLE-3, MTP) in one call and one thread
+    team: the embedding row of `token` (embed [V', H]) and the state `hidden` [H] through `layer` at
+    position start (cos/sin: RoPE rows of positions start..), head's norm and lm_head, the argmax
+    mapped through vocab_map (int64 draft id -> token, or None), fed next with the layer's output (or
+    with normed_state, the norm's) as the state; the head's cache (cache_layer: its one layer's keys
+    and values) gains `steps` entries. The drafts its steps one by one would give."""
     tokens = (ctypes.c_int * steps)()
     cache_k, cache_v = cache_layer
     hidden = hidden.contiguous()
     _library().speclite_head_chain(
         ctypes.byref(layer), head, embed.data_ptr(), None if vocab_map is None else vocab_map.data_ptr(), token,
         hidden.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(), DTYPES[hidden.dtype], cos.data_ptr(), sin.data_ptr(),
-        cache_k.shape[1], start, layer.head_dim ** -0.5, steps, tokens, torch.get_num_threads())
+        cache_k.shape[1], start, layer.head_dim ** -0.5, steps, normed_state, tokens, torch.get_num_threads())
     return list(tokens)
 
 
@@ -192,7 +198,7 @@ SIGNATURES = {
     "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
                               ctypes.POINTER(ctypes.c_int), _I],
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _P, _I, _P, _P, _P, _I, _P, _P, _I, _I,
-                            _F, _I, ctypes.POINTER(ctypes.c_int), _I],
+                            _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
 }
 
 

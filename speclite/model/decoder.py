@@ -334,15 +334,16 @@ class Block(nn.Module):
         return [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj,
                 self.input_layernorm, self.post_attention_layernorm, *([attn.q_norm, attn.k_norm] if attn.qk_norm else [])]
 
-    def build_cpu_layer(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
-        """The Layer struct, or None where a linear's class has no CPU kernel for it."""
+    def build_cpu_layer(self, x: torch.Tensor, head: dict | None = None) -> cpu_layer_ops.Layer | None:
+        """The Layer struct (with a drafting head's extras, see cpu_layer_ops.Layer), or None where a
+        linear's class has no CPU kernel for it."""
         q, k, v, o, gate, up, down, norm1, norm2 = self.kernel_modules()[:9]
         mats = [cpu_gemm.module_matrices(x, g) for g in ([q, k, v], [o], [gate, up], [down])]
         if any(m is None for m in mats):
             return None
         attn = self.self_attn
         return cpu_layer_ops.Layer(mats, [norm1.weight, norm2.weight], norm1.eps, attn.num_heads, attn.num_kv_heads,
-                                   attn.head_dim, attn.cpu_qk_norm()[0] if attn.qk_norm else None)
+                                   attn.head_dim, attn.cpu_qk_norm()[0] if attn.qk_norm else None, head)
 
 
 class Backbone(nn.Module):

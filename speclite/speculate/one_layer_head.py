@@ -1,11 +1,13 @@
-"""What every one-block drafting head shares (EAGLE-3's layer, an MTP module): its RoPE and KV cache."""
+"""What every one-block drafting head shares (EAGLE-3's layer, an MTP module): its RoPE and KV cache,
+and on the CPU its steps in one C call each (several rows at once, or a whole greedy chain)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from speclite.model.decoder import ModelArgs, rope_inv_freq, rope_rows
+from speclite.kernels import cpu_gemm, cpu_layer_ops
+from speclite.model.decoder import ModelArgs, attended, hooked, rope_inv_freq, rope_rows
 from speclite.model.kv_cache import KVCache
 
 
@@ -14,6 +16,16 @@ class OneLayerHead(nn.Module):
 
     args: ModelArgs
     model: nn.Module
+    target_ids: torch.Tensor  # head vocabulary id -> target token id
+    normed_state = False  # the next step's state is the norm's output (MiMo's MTP), not the layer's
+
+    def output_head(self) -> nn.Module:
+        return self.lm_head
+
+    def layer_struct(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
+        """The block as a cpu_layer_ops.Layer (reading a state and an embedding) for activations like x,
+        or None where the kernels do not take it."""
+        return None
 
     def init_rope(self, device) -> None:
         inv_freq, self.rope_scale = rope_inv_freq(self.args)
@@ -37,3 +49,57 @@ class OneLayerHead(nn.Module):
         out = self.model.layers[0](embeds, hidden, cos, sin, cache.layers[0], start, mask)
         cache.length = start + t
         return out
+
+    def cpu_layers(self, x: torch.Tensor) -> cpu_layer_ops.Layers | None:
+        """The block, norm and head as one C call's structs (built once; hooks and gradients checked per
+        call), where the kernels take every part in x's dtype."""
+        layer, norm, head = self.model.layers[0], self.model.norm, self.output_head()
+        if not cpu_layer_ops.takes(x) or x.dim() != 2:
+            return None
+
+        def build():
+            struct = self.layer_struct(x) if norm.weight.dtype == x.dtype else None
+            mats = None if struct is None else cpu_gemm.module_matrices(x, [head])
+            if mats is None:
+                return None
+            return cpu_layer_ops.Layers([struct], [*layer.modules(), norm, head], cpu_layer_ops.Head(mats, norm.weight, norm.eps))
+
+        built = cpu_gemm.cached(self, [layer, norm, head], build, deep=True)
+        if built is None or any(built.hooks) or cpu_gemm.needs_grad(x, [layer, norm, head]):
+            return None
+        return built
+
+    def fused(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+              mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(logits, normed states, the block's outputs) of T rows appended at cache.length (as run_layer,
+        the norm and the head give them) in one C call; None where the kernels do not take the head."""
+        layers = self.cpu_layers(hidden) if embeds.dtype == hidden.dtype else None
+        if layers is None:
+            return None
+        t, start = hidden.shape[0], cache.length
+        cos, sin = rope_rows(self, positions, cache.max_len, hidden.dtype, hidden.device)
+        # No mask: causal over the cache, the kernels' reading (run_layer builds it for several rows).
+        out, _, (normed, logits) = cpu_layer_ops.decoder_layers(
+            layers, hidden, cos, sin, cache.layers, *attended(start, t, cache.layers[0][0]), mask, logit_rows=t,
+            final=True, embeds=embeds)
+        cache.length = start + t
+        return logits, normed, out
+
+    def greedy_chain(self, token: int, state: torch.Tensor, cache: KVCache, steps: int, embed: nn.Module) -> list[int] | None:
+        """`steps` greedy drafts after `token`, the first fed with `state` [1, H] and each next one with
+        the step's state (the target ids of the argmaxes, as that many single steps give them), in one
+        C call on the CPU; None where the kernels do not take the whole head, or a hook, a gradient or
+        an embedding of another dtype asks for the steps one by one."""
+        start = cache.length
+        if (type(embed) is not nn.Embedding or embed.weight.dtype != state.dtype or hooked([embed])
+                or cache.layers[0][0].dtype != state.dtype or start + steps > cache.max_len or start == 0):
+            return None
+        layers = self.cpu_layers(state)
+        if layers is None:
+            return None
+        cos, sin = rope_rows(self, slice(start, start + steps), cache.max_len, state.dtype, state.device)
+        tokens = cpu_layer_ops.head_chain(layers.layers[0], layers.head, embed.weight, self.target_ids, token, state,
+                                          cache.layers[0], start, cos, sin, steps, self.normed_state)
+        cache.length = start + steps
+        return tokens
+

@@ -7,15 +7,21 @@
 namespace {
 
 // One decoder block's weights (Llama-family: pre-norm attention, then a pre-norm SwiGLU MLP).
-// An EAGLE-3 head's layer (hnorm set) reads two inputs, a state x and an embedding e: q/k/v read
-// [norm1(e), hnorm(x)] (2H wide), and the attention adds to x, or to hnorm(x) (residual_normed).
+// A drafting head's layer reads two inputs, a state x and an embedding e:
+//   EAGLE-3 (hnorm set, no in_proj): q/k/v read [norm1(e), hnorm(x)] (2H wide), and the attention
+//     adds to x, or to hnorm(x) (residual_normed);
+//   MTP (in_proj set): the block's input is in_proj([enorm(e), hnorm(x)]) ([hnorm(x), enorm(e)]
+//     with state_first), an ordinary block follows.
 // Mirrored by cpu_layer_ops.Layer.
 struct Layer {
     const Matrices *qkv, *o, *gate_up, *down;  // q/k/v side by side, o, gate/up side by side, down
     const void *norm1, *norm2;                 // [H] in the activations' dtype
     const void *const *qk_norm;                // Qwen3's q and k norms ([head_dim] each), or null
-    const void *hnorm;                         // EAGLE-3's hidden_norm [H], or null
+    const void *hnorm;                         // the state's norm [H] of a drafting head, or null
     int residual_normed;                       // EAGLE-3: the attention adds to hnorm(x)
+    const Matrices *in_proj;                   // MTP's eh_proj (2H -> H), or null
+    const void *enorm;                         // MTP's embedding norm [H]
+    int state_first;                           // MTP (MiMo): [state, embedding]
     float eps;
     int heads, kv_heads, head_dim;
 };
@@ -38,17 +44,19 @@ struct Step {
 };
 
 // A layer's intermediate tensors (the activations' dtype): normed input (K wide: H, or 2H for an
-// EAGLE-3 layer), q/k/v, attention, o, gate/up, swiglu, down.
+// EAGLE-3 layer), q/k/v, attention, o, gate/up, swiglu, down; an MTP layer's [2H] concatenation
+// and its projection.
 struct Buffers {
     std::vector<char> data;
     int64_t H = 0, K = 0, W = 0, A = 0, G = 0;
 
-    // Also grows the team's matmul scratch for the layer's four products.
+    // Also grows the team's matmul scratch for the layer's products.
     void reserve(const Layer &ly, int M, int dt, Scratch &sc) {
         H = ly.o->n, K = ly.qkv->k, W = ly.qkv->n, A = (int64_t)ly.heads * ly.head_dim, G = ly.gate_up->n;
-        const size_t need = (size_t)(dt == F32 ? 4 : 2) * M * (K + 2 * H + W + A + G + G / 2);
+        const size_t need = (size_t)(dt == F32 ? 4 : 2) * M * (K + 2 * H + W + A + G + G / 2 + (ly.in_proj ? 3 * H : 0));
         if (data.size() < need) data.resize(need);
-        for (const Matrices *mt : {ly.qkv, ly.o, ly.gate_up, ly.down}) ::reserve(sc, *mt, M);
+        for (const Matrices *mt : {ly.qkv, ly.o, ly.gate_up, ly.down, ly.in_proj})
+            if (mt) ::reserve(sc, *mt, M);
     }
 };
 
@@ -58,7 +66,7 @@ inline char *at(const void *p, int dt, int64_t i) { return (char *)p + i * (dt =
 thread_local Buffers layer_buffers;         // the caller's: the team shares them
 thread_local std::vector<char> layer_states;
 
-// One layer, run by every thread of a team (see speclite_decoder_layers; e: an EAGLE-3 layer's
+// One layer, run by every thread of a team (see speclite_decoder_layers; e: a drafting head's
 // embedding rows, else null). Ends in a barrier.
 inline void layer_team(const Layer &ly, const Step &st, const void *x, const void *e, void *out, void *cache_k,
                        void *cache_v, const Buffers &bufs, Scratch &sc) {
@@ -66,11 +74,22 @@ inline void layer_team(const Layer &ly, const Step &st, const void *x, const voi
     const int64_t es = dt == F32 ? 4 : 2;
     char *normed = (char *)bufs.data.data(), *qkv = normed + es * M * K, *att = qkv + es * M * bufs.W;
     char *o = att + es * M * bufs.A, *gu = o + es * M * H, *act = gu + es * M * bufs.G, *down = act + es * M * I;
+    if (ly.in_proj) {  // MTP: the block's input is in_proj of the normed pair
+        char *cat = down + es * M * H, *proj = cat + es * M * 2 * H;
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            rms_norm_row(at(e, dt, (int64_t)m * H), ly.enorm, at(cat, dt, (int64_t)m * 2 * H + (ly.state_first ? H : 0)), dt, 0, H, ly.eps);
+            rms_norm_row(at(x, dt, (int64_t)m * H), ly.hnorm, at(cat, dt, (int64_t)m * 2 * H + (ly.state_first ? 0 : H)), dt, 0, H, ly.eps);
+        }
+        matmul_team(*ly.in_proj, cat, dt, M, proj, sc);
+        x = proj;
+    }
+    const bool eagle = ly.hnorm && !ly.in_proj;
     // The attention adds to x, or (EAGLE-3, residual_normed) to hnorm(x), kept in out meanwhile.
-    const void *residual = ly.hnorm && ly.residual_normed ? out : x;
+    const void *residual = eagle && ly.residual_normed ? out : x;
 #pragma omp for schedule(static)
     for (int m = 0; m < M; m++) {
-        if (ly.hnorm) {
+        if (eagle) {
             rms_norm_row(at(e, dt, (int64_t)m * H), ly.norm1, at(normed, dt, (int64_t)m * K), dt, 0, H, ly.eps);
             rms_norm_row(at(x, dt, (int64_t)m * H), ly.hnorm, at(normed, dt, (int64_t)m * K + H), dt, 0, H, ly.eps);
             if (ly.residual_normed) memcpy(at(out, dt, (int64_t)m * H), at(normed, dt, (int64_t)m * K + H), es * H);
@@ -213,15 +232,16 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
     }
 }
 
-// n greedy drafts of an EAGLE-3 head (one layer with hnorm set, and its norm + lm_head), as n of its
-// steps one by one give them: step i feeds the embedding row of `token` (embed [V', H], the
-// activations' dtype) and the state `hidden` [H] at position start + i (cos/sin: the RoPE rows of
-// positions start.., d values each; the cache gains an entry), the argmax over the head's
-// vocabulary (first of equal maxima, NaN the largest) mapped through vocab_map (draft id -> token)
-// is tokens[i] and is fed next, with the layer's output as the next state.
+// n greedy drafts of a one-layer drafting head (EAGLE-3, MTP: a layer reading a state and an
+// embedding, and its norm + lm_head), as n of its steps one by one give them: step i feeds the
+// embedding row of `token` (embed [V', H], the activations' dtype) and the state `hidden` [H] at
+// position start + i (cos/sin: the RoPE rows of positions start.., d values each; the cache gains
+// an entry), the argmax over the head's vocabulary (first of equal maxima, NaN the largest) mapped
+// through vocab_map (draft id -> token, or null) is tokens[i] and is fed next, with the layer's
+// output (normed_state: the head norm's output) as the next state.
 void speclite_head_chain(const Layer *layer, const Head *head, const void *embed, const int64_t *vocab_map, int token,
                          const void *hidden, void *cache_k, void *cache_v, int dt, const void *cos, const void *sin,
-                         int max_len, int start, float scale, int steps, int *tokens, int threads) {
+                         int max_len, int start, float scale, int steps, int normed_state, int *tokens, int threads) {
     Buffers &bufs = layer_buffers;
     Scratch &sc = scratch;
     bufs.reserve(*layer, 1, dt, sc);
@@ -247,7 +267,7 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
                 if (f > top || std::isnan(f)) best = v, top = f;
             }
             tokens[i] = token = vocab_map ? (int)vocab_map[best] : best;
-            memcpy(x.data(), out.data(), es * H);
+            memcpy(x.data(), normed_state ? normed.data() : out.data(), es * H);
         }  // the team waits here: the next step reads token and x
     }
 }

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from speclite.kernels import cpu_gemm, cpu_layer_ops
-from speclite.model.decoder import MLP, Attention, Linear, ModelArgs, RMSNorm, hooked, rope_rows
+from speclite.model.decoder import MLP, Attention, Linear, ModelArgs, RMSNorm
 from speclite.model.kv_cache import KVCache
 from speclite.speculate.one_layer_head import OneLayerHead
 
@@ -76,17 +76,11 @@ class Eagle3Head(OneLayerHead):
                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [T, draft vocab], pre-norm states [T, H]) for T rows appended at cache.length
         (`mask` as OneLayerHead.run_layer's). On the CPU one C call where the kernels take the head."""
-        layers = self.cpu_layers(hidden) if embeds.dtype == hidden.dtype else None
-        if layers is None:
-            out = self.run_layer(embeds, hidden, positions, cache, mask)
-            return self.lm_head(self.model.norm(out)), out
-        t, start = hidden.shape[0], cache.length
-        cos, sin = rope_rows(self, positions, cache.max_len, hidden.dtype, hidden.device)
-        # No mask: causal over the cache (the kernels' reading), as run_layer builds it for several rows.
-        out, _, (_, logits) = cpu_layer_ops.decoder_layers(layers, hidden, cos, sin, cache.layers, start, start + t, mask,
-                                                           logit_rows=t, embeds=embeds)
-        cache.length = start + t
-        return logits, out
+        fused = self.fused(embeds, hidden, positions, cache, mask)
+        if fused is not None:
+            return fused[0], fused[2]
+        out = self.run_layer(embeds, hidden, positions, cache, mask)
+        return self.lm_head(self.model.norm(out)), out
 
     def to_target(self, draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
         """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V] (-inf where the head has no token)."""
@@ -94,49 +88,18 @@ class Eagle3Head(OneLayerHead):
         full[..., self.target_ids] = draft_logits
         return full
 
-    def greedy_chain(self, token: int, state: torch.Tensor, cache: KVCache, steps: int, embed: nn.Module) -> list[int] | None:
-        """`steps` greedy drafts after `token`, the first fed with `state` [1, H] and each next one with
-        the layer's output (the target ids of the argmaxes, as that many single steps give them), in one
-        C call on the CPU; None where the kernels do not take the whole head, or a hook, a gradient or
-        an embedding of another dtype asks for the steps one by one."""
-        start = cache.length
-        if (type(embed) is not nn.Embedding or embed.weight.dtype != state.dtype or hooked([embed])
-                or cache.layers[0][0].dtype != state.dtype or start + steps > cache.max_len):
+    def layer_struct(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
+        layer = self.model.layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        norms = [layer.input_layernorm, layer.post_attention_layernorm, layer.hidden_norm]
+        if any(n.weight.dtype != x.dtype for n in norms) or not attn.cpu_attention_applies(x, x):
             return None
-        layers = self.cpu_layers(state)
-        if layers is None:
+        mats = [cpu_gemm.module_matrices(x, g) for g in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj],
+                                                         [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])]
+        if any(m is None for m in mats):
             return None
-        cos, sin = rope_rows(self, slice(start, start + steps), cache.max_len, state.dtype, state.device)
-        tokens = cpu_layer_ops.head_chain(layers.layers[0], layers.head, embed.weight, self.target_ids, token, state,
-                                          cache.layers[0], start, cos, sin, steps)
-        cache.length = start + steps
-        return tokens
-
-    def cpu_layers(self, x: torch.Tensor) -> cpu_layer_ops.Layers | None:
-        """The layer, norm and lm_head as one C call's structs (built once; hooks and gradients checked
-        per call), where the kernels take every part in x's dtype."""
-        layer, norm, head = self.model.layers[0], self.model.norm, self.lm_head
-        if not cpu_layer_ops.takes(x) or x.dim() != 2:
-            return None
-
-        def build():
-            attn, mlp = layer.self_attn, layer.mlp
-            norms = [layer.input_layernorm, layer.post_attention_layernorm, layer.hidden_norm, norm]
-            if any(n.weight.dtype != x.dtype for n in norms) or not attn.cpu_attention_applies(x, x):
-                return None
-            mats = [cpu_gemm.module_matrices(x, g) for g in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj],
-                                                             [mlp.gate_proj, mlp.up_proj], [mlp.down_proj], [head])]
-            if any(m is None for m in mats):
-                return None
-            struct = cpu_layer_ops.Layer(mats[:4], [layer.input_layernorm.weight, layer.post_attention_layernorm.weight],
-                                         layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                                         attn.cpu_qk_norm()[0] if attn.qk_norm else None, layer.hidden_norm.weight,
-                                         layer.norm_before_residual)
-            return cpu_layer_ops.Layers([struct], [*layer.modules(), norm, head],
-                                        cpu_layer_ops.Head(mats[4], norm.weight, norm.eps))
-
-        built = cpu_gemm.cached(self, [layer, norm, head], build, deep=True)
-        if built is None or any(built.hooks) or cpu_gemm.needs_grad(x, [layer, norm, head]):
-            return None
-        return built
+        return cpu_layer_ops.Layer(mats, [layer.input_layernorm.weight, layer.post_attention_layernorm.weight],
+                                   layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                   attn.cpu_qk_norm()[0] if attn.qk_norm else None,
+                                   dict(hnorm=layer.hidden_norm.weight, residual_normed=layer.norm_before_residual))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speclite.kernels import cpu_gemm, cpu_layer_ops
 from speclite.model.decoder import Block, Linear, ModelArgs, RMSNorm
 from speclite.model.kv_cache import KVCache
 from speclite.speculate.one_layer_head import OneLayerHead
@@ -68,10 +69,25 @@ class MTPModule(OneLayerHead):
         """(logits [T, V], states [T, H]) for T rows appended at cache.length (`mask` as run_layer's)."""
         # vLLM (deepseek_mtp, mimo_mtp) zeroes the embedding paired with position 0, as in training.
         embeds = embeds.masked_fill((positions == 0)[:, None], 0)
-        out = self.run_layer(embeds, hidden, positions, cache, mask)
-        normed = self.model.norm(out)
-        head = self.lm_head if self.lm_head is not None else self.shared[0]
-        return head(normed), normed if self.normed_state else out
+        fused = self.fused(embeds, hidden, positions, cache, mask)
+        if fused is not None:
+            logits, normed, out = fused
+        else:
+            out = self.run_layer(embeds, hidden, positions, cache, mask)
+            normed = self.model.norm(out)
+            logits = self.output_head()(normed)
+        return logits, normed if self.normed_state else out
+
+    def output_head(self) -> nn.Module:
+        return self.lm_head if self.lm_head is not None else self.shared[0]
+
+    def layer_struct(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
+        layer = self.model.layers[0]
+        if not layer.cpu_layer_applies(x, x) or any(n.weight.dtype != x.dtype for n in (layer.enorm, layer.hnorm)):
+            return None
+        in_proj = cpu_gemm.module_matrices(x, [layer.eh_proj])
+        return None if in_proj is None else layer.build_cpu_layer(
+            x, dict(hnorm=layer.hnorm.weight, enorm=layer.enorm.weight, in_proj=in_proj, state_first=layer.state_first))
 
     def to_target(self, logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
         return logits  # the module predicts over the target's vocabulary itself
