@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.model.decoder import Block, Linear, ModelArgs, RMSNorm, rope_inv_freq, rope_rows, rotate
+from speclite.kernels import cpu_gemm, cpu_layer_ops
+from speclite.model.decoder import Block, Linear, ModelArgs, RMSNorm, project, rope_inv_freq, rope_rows, rotate
 from speclite.model.kv_cache import KVCache
 
 
@@ -27,8 +28,13 @@ class DFlashLayer(Block):
     def inject(self, context: torch.Tensor, cos, sin, layer_cache, start: int) -> None:
         """Write the keys/values of fused context rows at cache slots start.. (no query: they are not outputs)."""
         attn, t = self.self_attn, context.shape[0]
-        k = attn.k_proj(context).view(t, attn.num_kv_heads, attn.head_dim)
-        v = attn.v_proj(context).view(t, attn.num_kv_heads, attn.head_dim)
+        kv = project(context, attn.k_proj, attn.v_proj)
+        if attn.cpu_attention_applies(kv, layer_cache[0]) and not cpu_gemm.needs_grad(kv):
+            # The attention kernel with no query heads: k norm, RoPE and the cache write only.
+            cpu_layer_ops.attention(kv, cos, sin, *layer_cache, 0, attn.num_kv_heads, start, start + t, None,
+                                    *attn.cpu_qk_norm())
+            return
+        k, v = kv.view(t, 2 * attn.num_kv_heads, attn.head_dim).split(attn.num_kv_heads, dim=1)
         if attn.qk_norm:
             k = attn.k_norm(k)
         cache_k, cache_v = layer_cache
