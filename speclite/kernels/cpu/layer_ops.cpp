@@ -60,8 +60,16 @@ struct Buffers {
     }
 };
 
-// Element i of an array of dtype dt.
-inline char *at(const void *p, int dt, int64_t i) { return (char *)p + i * (dt == F32 ? 4 : 2); }
+// The first of the largest of logits[0..n) (dtype dt), a NaN counting as the largest, as torch.argmax.
+inline int argmax(const void *logits, int dt, int n) {
+    int best = 0;
+    float top = to_float(logits, dt, 0);
+    for (int v = 1; v < n && !std::isnan(top); v++) {
+        const float f = to_float(logits, dt, v);
+        if (f > top || std::isnan(f)) best = v, top = f;
+    }
+    return best;
+}
 
 thread_local Buffers layer_buffers;         // the caller's: the team shares them
 thread_local std::vector<char> layer_states;
@@ -220,14 +228,8 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
         model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
 #pragma omp single
         {
-            int best = 0;
-            float top = to_float(logits.data(), dt, 0);
-            for (int v = 1; v < std::min(vocab, V) && !std::isnan(top); v++) {
-                const float f = to_float(logits.data(), dt, v);
-                if (f > top || std::isnan(f)) best = v, top = f;
-            }
-            tokens[i] = best;
-            memcpy(x.data(), (const char *)embed + es * H * best, es * H);
+            tokens[i] = argmax(logits.data(), dt, std::min(vocab, V));
+            memcpy(x.data(), (const char *)embed + es * H * tokens[i], es * H);
         }  // the team waits here: the next step reads x
     }
 }
@@ -242,30 +244,22 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
 void speclite_head_chain(const Layer *layer, const Head *head, const void *embed, const int64_t *vocab_map, int token,
                          const void *hidden, void *cache_k, void *cache_v, int dt, const void *cos, const void *sin,
                          int max_len, int start, float scale, int steps, int normed_state, int *tokens, int threads) {
-    Buffers &bufs = layer_buffers;
-    Scratch &sc = scratch;
-    bufs.reserve(*layer, 1, dt, sc);
-    ::reserve(sc, *head->mats, 1);
+    Model model{&layer, 1, head, layer_buffers, scratch, layer_states};
+    model.reserve(1, 1, dt);
     const int H = layer->o->n, d = layer->head_dim, V = head->mats->n;
     const int64_t es = dt == F32 ? 4 : 2;
     std::vector<char> x(es * H), out(es * H), normed(es * H), logits(es * V);
+    void *captures[2] = {nullptr, nullptr};
     memcpy(x.data(), hidden, es * H);
 #pragma omp parallel num_threads(threads)
     for (int i = 0; i < steps; i++) {
         const Step st{dt, 1, at(cos, dt, (int64_t)d * i), at(sin, dt, (int64_t)d * i), nullptr, max_len, start + i,
                       start + i + 1, scale};
-        layer_team(*layer, st, x.data(), at(embed, dt, (int64_t)H * token), out.data(), cache_k, cache_v, bufs, sc);
-#pragma omp single
-        rms_norm_row(out.data(), head->norm, normed.data(), dt, 0, H, head->eps);
-        matmul_team(*head->mats, normed.data(), dt, 1, logits.data(), sc);
+        model.forward_team(st, x.data(), at(embed, dt, (int64_t)H * token), out.data(), captures, &cache_k, &cache_v, 1,
+                           normed.data(), logits.data());
 #pragma omp single
         {
-            int best = 0;
-            float top = to_float(logits.data(), dt, 0);
-            for (int v = 1; v < V && !std::isnan(top); v++) {
-                const float f = to_float(logits.data(), dt, v);
-                if (f > top || std::isnan(f)) best = v, top = f;
-            }
+            const int best = argmax(logits.data(), dt, V);
             tokens[i] = token = vocab_map ? (int)vocab_map[best] : best;
             memcpy(x.data(), normed_state ? normed.data() : out.data(), es * H);
         }  // the team waits here: the next step reads token and x

@@ -108,22 +108,19 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
                            const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
                            float scale, const void *const *qk_norm, float eps) {
     const int half = d / 2, width = (H + 2 * Hkv) * d, group = H / Hkv;
-    std::vector<float> q(d), acc(d), scores(L), head(d);
-    // RoPE of one head's vector (row i, column offset c; normed by `norm` first where not null) into
-    // fp32 dst: x cos + rotate_half(x) sin.
+    std::vector<float> q(d), acc(d), scores(L);
+    std::vector<char> normed(4 * d);
+    // RoPE of one head's vector (row i, column offset c; normed by `norm` first where not null, as
+    // rms_norm_row norms a row) into fp32 dst: x cos + rotate_half(x) sin.
     auto rope = [&](int i, int c, const void *norm, float *dst) {
-        const int64_t at = (int64_t)i * width + c;
+        const void *head = at(qkv, dt, (int64_t)i * width + c);
         if (norm) {
-            float ss = 0.f;
-            for (int e = 0; e < d; e++) ss += to_float(qkv, dt, at + e) * to_float(qkv, dt, at + e);
-            const float r = 1.f / std::sqrt(ss / (float)d + eps);
-            for (int e = 0; e < d; e++) head[e] = round_to(dt, to_float(norm, dt, e) * round_to(dt, to_float(qkv, dt, at + e) * r));
-        } else {
-            for (int e = 0; e < d; e++) head[e] = to_float(qkv, dt, at + e);
+            rms_norm_row(head, norm, normed.data(), dt, 0, d, eps);
+            head = normed.data();
         }
         for (int e = 0; e < d; e++) {
-            const float other = head[e < half ? e + half : e - half];
-            dst[e] = head[e] * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
+            const float x = to_float(head, dt, e), other = to_float(head, dt, e < half ? e + half : e - half);
+            dst[e] = x * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
         }
     };
 #pragma omp for schedule(static)

@@ -15,6 +15,9 @@ namespace {
 
 enum Dtype { F32 = 0, BF16 = 1, F16 = 2 };
 
+// Element i of an array of dtype dt.
+inline char *at(const void *p, int dt, int64_t i) { return (char *)p + i * (dt == F32 ? 4 : 2); }
+
 inline float to_float(const void *x, int dt, int64_t i) {
     if (dt == F32) return ((const float *)x)[i];
     uint16_t h = ((const uint16_t *)x)[i];
