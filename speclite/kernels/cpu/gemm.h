@@ -376,94 +376,90 @@ struct Dense {
             }
     }
 #else
-    // AVX-512: 16 fp32 lanes a step (the weights widened in registers), FMAs; the K % 16 tail loads
-    // zeros past the row's end; one reduction at the end, in a fixed order. As in tile_bf16, the
-    // tail and the prefetching are template arguments.
-    template <int MR, int NR, int WDT>
-    void tile_of(int m0, int n0, int step) const {
-        const float *xm[MR];
-        int64_t at[NR];
-        for (int i = 0; i < MR; i++) xm[i] = x + (int64_t)(m0 + i) * K;
-        for (int j = 0; j < NR; j++) at[j] = (int64_t)(n0 + j * step) * K;
-        __m512 acc[MR][NR];
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
-        const int K16 = K & ~15;
-        if (m0 % ROW_CHUNK == 0) {  // the chunk's first tile streams the weights from memory
-            for (int k = 0; k < K16; k += 16) fma_step<MR, NR, WDT, true, false>(w, at, xm, k, 0, acc);
-        } else {
-            for (int k = 0; k < K16; k += 16) fma_step<MR, NR, WDT, false, false>(w, at, xm, k, 0, acc);
-        }
-        if (K16 < K) fma_step<MR, NR, WDT, false, true>(w, at, xm, K16, (__mmask16)((1u << (K - K16)) - 1), acc);
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++)
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, _mm512_reduce_add_ps(acc[i][j]));
-    }
-
-    template <int MR, int NR, int WDT, bool PREFETCH, bool TAIL>
-    static inline __attribute__((always_inline)) void fma_step(const void *w, const int64_t *at, const float *const *xm,
-                                                               int k, __mmask16 live, __m512 (&acc)[MR][NR]) {
-        __m512 wv[NR];
-        for (int j = 0; j < NR; j++) {
-            if (PREFETCH && (WDT == F32 || k % 32 == 0))
-                _mm_prefetch((const char *)w + (at[j] + k) * (WDT == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
-            wv[j] = load16<WDT, TAIL>(w, at[j] + k, live);
-        }
-        for (int i = 0; i < MR; i++) {
-            const __m512 xv = TAIL ? _mm512_maskz_loadu_ps(live, xm[i] + k) : _mm512_loadu_ps(xm[i] + k);
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
-        }
-    }
-
-    // Values i..i+15 of w (dtype WDT) widened to fp32; the tail's lanes outside `live` are zero.
-    template <int WDT, bool TAIL>
-    static inline __m512 load16(const void *w, int64_t i, __mmask16 live) {
-        if (WDT == F32) return TAIL ? _mm512_maskz_loadu_ps(live, (const float *)w + i) : _mm512_loadu_ps((const float *)w + i);
-        const uint16_t *h = (const uint16_t *)w + i;
-        const __m256i v = TAIL ? _mm256_maskz_loadu_epi16(live, h) : _mm256_loadu_si256((const __m256i *)h);
-        if (WDT == F16) return _mm512_cvtph_ps(v);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-    }
-#endif
-
-#if defined(__AVX512BF16__)
-    // 32 bf16 products a step into 16 fp32 lanes, each lane adding two exact products; the K % 32
-    // tail loads zeros past the row's end. One reduction at the end, in a fixed order. (The tail
+    // AVX-512 tiles: S::W values of K a step into 16 fp32 lanes (FmaStep: fp32 FMAs, the weights
+    // widened in registers; Bf16Step: vdpbf16ps, each lane adding two exact products), the K % W
+    // tail loading zeros past the row's end; one reduction at the end, in a fixed order. The tail
     // and the prefetching are template arguments: with either decided inside the loop, GCC 12 kept
-    // the accumulators in memory, 2.5x slower.)
-    template <int MR, int NR>
-    void tile_bf16(int m0, int n0, int step) const {
-        const uint16_t *wr[NR], *xm[MR];
-        for (int j = 0; j < NR; j++) wr[j] = (const uint16_t *)w + (int64_t)(n0 + j * step) * K;
-        for (int i = 0; i < MR; i++) xm[i] = (const uint16_t *)xr + (int64_t)(m0 + i) * K;
+    // the accumulators in memory, 2.5x slower.
+    template <int MR, int NR, class S>
+    void tile_zmm(int m0, int n0, int step, const void *xs) const {
+        const char *xm[MR], *wr[NR];  // the tile's rows of activations and of weights
+        for (int i = 0; i < MR; i++) xm[i] = (const char *)xs + (int64_t)(m0 + i) * K * S::XES;
+        for (int j = 0; j < NR; j++) wr[j] = (const char *)w + (int64_t)(n0 + j * step) * K * S::WES;
         __m512 acc[MR][NR];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
-        const int K32 = K & ~31;
+        const int KW = K / S::W * S::W;
         if (m0 % ROW_CHUNK == 0) {  // the chunk's first tile streams the weights from memory
-            for (int k = 0; k < K32; k += 32) bf16_step<MR, NR, true, false>(wr, xm, k, 0, acc);
+            for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, true, false>(wr, xm, k, 0, acc);
         } else {
-            for (int k = 0; k < K32; k += 32) bf16_step<MR, NR, false, false>(wr, xm, k, 0, acc);
+            for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, false, false>(wr, xm, k, 0, acc);
         }
-        if (K32 < K) bf16_step<MR, NR, false, true>(wr, xm, K32, ((__mmask32)1 << (K - K32)) - 1, acc);
+        if (KW < K) S::template run<MR, NR, false, true>(wr, xm, KW, (typename S::Mask)((1ull << (K - KW)) - 1), acc);
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++)
                 store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, _mm512_reduce_add_ps(acc[i][j]));
     }
 
-    template <int MR, int NR, bool PREFETCH, bool TAIL>
-    static inline __attribute__((always_inline)) void bf16_step(const uint16_t *const *wr, const uint16_t *const *xm,
-                                                                int k, __mmask32 live, __m512 (&acc)[MR][NR]) {
-        __m512i wv[NR];
-        for (int j = 0; j < NR; j++) {
-            if (PREFETCH) _mm_prefetch((const char *)(wr[j] + k) + PREFETCH_ROWS, _MM_HINT_T0);
-            wv[j] = TAIL ? _mm512_maskz_loadu_epi16(live, wr[j] + k) : _mm512_loadu_si512(wr[j] + k);
+    template <int MR, int NR, int WDT>
+    void tile_of(int m0, int n0, int step) const { tile_zmm<MR, NR, FmaStep<WDT>>(m0, n0, step, x); }
+
+    template <int MR, int NR>
+    void tile_bf16(int m0, int n0, int step) const { tile_zmm<MR, NR, Bf16Step>(m0, n0, step, xr); }
+
+    // 16 values a step: fp32 activations, weights of dtype WDT widened to fp32, FMAs.
+    template <int WDT>
+    struct FmaStep {
+        static constexpr int W = 16, XES = 4, WES = WDT == F32 ? 4 : 2;
+        using Mask = __mmask16;
+
+        template <int MR, int NR, bool PREFETCH, bool TAIL>
+        static inline __attribute__((always_inline)) void run(const char *const *wr, const char *const *xm, int k,
+                                                              Mask live, __m512 (&acc)[MR][NR]) {
+            __m512 wv[NR];
+            for (int j = 0; j < NR; j++) {
+                if (PREFETCH && (WDT == F32 || k % 32 == 0)) _mm_prefetch(wr[j] + k * WES + PREFETCH_ROWS, _MM_HINT_T0);
+                wv[j] = load16<TAIL>(wr[j], k, live);
+            }
+            for (int i = 0; i < MR; i++) {
+                const float *x = (const float *)xm[i] + k;
+                const __m512 xv = TAIL ? _mm512_maskz_loadu_ps(live, x) : _mm512_loadu_ps(x);
+                for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+            }
         }
-        for (int i = 0; i < MR; i++) {
-            const __m512i xv = TAIL ? _mm512_maskz_loadu_epi16(live, xm[i] + k) : _mm512_loadu_si512(xm[i] + k);
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[j], (__m512bh)xv);
+
+        // Values i..i+15 of w widened to fp32; the tail's lanes outside `live` are zero.
+        template <bool TAIL>
+        static inline __m512 load16(const void *w, int64_t i, Mask live) {
+            if (WDT == F32) return TAIL ? _mm512_maskz_loadu_ps(live, (const float *)w + i) : _mm512_loadu_ps((const float *)w + i);
+            const uint16_t *h = (const uint16_t *)w + i;
+            const __m256i v = TAIL ? _mm256_maskz_loadu_epi16(live, h) : _mm256_loadu_si256((const __m256i *)h);
+            if (WDT == F16) return _mm512_cvtph_ps(v);
+            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
         }
-    }
+    };
+
+    // 32 values a step: bf16 weights and activations in vdpbf16ps.
+    struct Bf16Step {
+        static constexpr int W = 32, XES = 2, WES = 2;
+        using Mask = __mmask32;
+
+        template <int MR, int NR, bool PREFETCH, bool TAIL>
+        static inline __attribute__((always_inline)) void run(const char *const *wr, const char *const *xm, int k,
+                                                              Mask live, __m512 (&acc)[MR][NR]) {
+            __m512i wv[NR];
+            for (int j = 0; j < NR; j++) {
+                const uint16_t *p = (const uint16_t *)wr[j] + k;
+                if (PREFETCH) _mm_prefetch((const char *)p + PREFETCH_ROWS, _MM_HINT_T0);
+                wv[j] = TAIL ? _mm512_maskz_loadu_epi16(live, p) : _mm512_loadu_si512(p);
+            }
+            for (int i = 0; i < MR; i++) {
+                const uint16_t *x = (const uint16_t *)xm[i] + k;
+                const __m512i xv = TAIL ? _mm512_maskz_loadu_epi16(live, x) : _mm512_loadu_si512(x);
+                for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[j], (__m512bh)xv);
+            }
+        }
+    };
 #endif
 };
 
