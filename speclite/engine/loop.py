@@ -76,6 +76,8 @@ class Decoding:
         prompt = request.prompt_ids
         if cache.length >= len(prompt):
             cache.rollback(len(prompt) - 1)
+        if wants:  # the states a proposer kept from earlier requests may end before the cache does
+            cache.rollback(min(cache.length, spec.proposer.states_from(prompt)))
         prompt_from, prompt_states = cache.length, None
         if cache.length < len(prompt) - 1:
             step = target.step(torch.tensor(prompt[cache.length : -1], device=device), cache, 1, wants=wants)

@@ -84,6 +84,12 @@ class Proposer(ABC):
         nothing is wanted.
         """
 
+    def states_from(self, prompt_ids: list[int]) -> int:
+        """The first position of `prompt_ids` whose target states this proposer (which keeps what it
+        drew from earlier ones) still needs: the prefill returns states from there on, recomputing
+        positions the target's cache holds if it must. len(prompt_ids) by default: none needed."""
+        return len(prompt_ids)
+
     def finish(self) -> None:
         """The request ended (done, stopped, or abandoned by its consumer); nothing to do by default."""
 

@@ -38,6 +38,9 @@ class HybridProposer(Proposer):
         self.model, self.fillers, self.steps, self.model_name = model, fillers, steps, model_name
         self.wants = model.wants if steps else NOTHING  # N = 0: the model never drafts, needs no states
 
+    def states_from(self, prompt_ids: list[int]) -> int:
+        return self.model.states_from(prompt_ids)
+
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         for proposer in (self.model, *self.fillers.values()):
             proposer.begin(prompt_ids, ctx)

@@ -41,14 +41,22 @@ class DFlashProposer(Proposer):
         self.tokens, self.pending = [], self.none
         self.cache.rollback(0)
 
+    def _standing(self, prompt_ids: list[int]) -> tuple[int, int]:
+        """(entries, pending rows) that stand for a request of `prompt_ids`: the states at p depend
+        on tokens 0..p, so those of p < common stand, and the context stops before the last token
+        (the block's first row)."""
+        stand = min(shared_prefix(self.tokens, prompt_ids), len(prompt_ids) - 1)
+        entries = min(self.cache.length, stand)
+        return entries, min(self.pending.shape[0], stand - entries)
+
+    def states_from(self, prompt_ids: list[int]) -> int:
+        return sum(self._standing(prompt_ids))
+
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
-        common = shared_prefix(self.tokens, prompt_ids)
-        # The states at p depend on tokens 0..p: entries and pending rows of p < common stand, and
-        # the context stops before the last token (the block's first row).
-        stand = min(common, len(prompt_ids) - 1)
-        self.pending = self.pending[: max(stand - self.cache.length, 0)]
-        self.cache.rollback(min(self.cache.length, stand))
+        entries, rows = self._standing(prompt_ids)
+        self.pending = self.pending[:rows]
+        self.cache.rollback(entries)
         self.tokens = list(prompt_ids)
         if ctx.prompt_states is not None:  # the prefill's rows: prompt positions prompt_from..
             self._take(ctx.prompt_states, ctx.prompt_from)

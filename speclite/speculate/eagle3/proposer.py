@@ -54,13 +54,23 @@ class Eagle3Proposer(Proposer):
         self.tokens, self.committed, self.pending = [], 0, None
         self.cache.rollback(0)
 
+    def _standing(self, prompt_ids: list[int]) -> tuple[int, int]:
+        """(entries, pending rows) that stand for a request of `prompt_ids`. Entry p pairs position
+        p with token p + 1, so it stands while both are unchanged; a pending row (the states of one
+        position, before it joins the cache) while its position's token and those before are."""
+        common = shared_prefix(self.tokens, prompt_ids)
+        entries = min(self.committed, max(common - 1, 0))
+        pending = 0 if self.pending is None or entries < self.committed else self.pending.shape[0]
+        return entries, max(min(pending, common - entries), 0)
+
+    def states_from(self, prompt_ids: list[int]) -> int:
+        return sum(self._standing(prompt_ids))
+
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
-        common = shared_prefix(self.tokens, prompt_ids)
-        # Entry p pairs position p with token p + 1: it stands while both are unchanged.
-        self.committed = min(self.committed, max(common - 1, 0))
+        self.committed, rows = self._standing(prompt_ids)
         self.cache.rollback(self.committed)
-        self.tokens, self.pending = list(prompt_ids), None
+        self.tokens, self.pending = list(prompt_ids), self.pending[:rows] if rows else None
         if ctx.prompt_states is not None:  # the prefill's rows: prompt positions prompt_from..
             self._take(ctx.prompt_states, ctx.prompt_from)
 
