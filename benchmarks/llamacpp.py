@@ -3,6 +3,12 @@
     python benchmarks/llamacpp.py --threads 2            # full table (~25 min cold, ~12 min cached)
     python benchmarks/llamacpp.py --threads 2 --layers 4 # a quick check of the plumbing
     python benchmarks/llamacpp.py --threads 2 --shape qwen3-0.6b --skip-pair  # Qwen3 (q/k norms)
+    python benchmarks/llamacpp.py --threads 2 --isa avx2 --skip-pair  # both sides on AVX2 code only
+
+--isa avx2 on an AVX-512 machine compares the two AVX2 paths: llama.cpp built a second time with
+GGML_NATIVE=OFF, AVX2 + FMA + F16C and no AVX-512 (its own build folder), and speclite with
+SPECLITE_CPU_ISA=avx2. The same cores run them, so it stands in for an AVX2 machine's table, not
+for its absolute speeds.
 
 llama.cpp is built from the llama-cpp-python sdist (pip download --no-binary, cmake with
 GGML_NATIVE=ON; llama-bench, llama-speculative, llama-quantize) and cached under
@@ -41,6 +47,7 @@ from speclite import hub  # before torch: speclite bounds OpenMP's spinning as t
 
 import torch  # noqa: E402
 from speclite.api import LLM
+from speclite.kernels import cpu_build
 from speclite.engine.loop import Request, decode
 from speclite.sampling import SamplingParams
 from speclite.model import load_model
@@ -83,12 +90,18 @@ def llamacpp_source() -> Path:
     return source
 
 
-def build_llamacpp(source: Path) -> Path:
-    build = source / "build"
+# llama.cpp's CPU flags per --isa: the machine's own, or AVX2 code only.
+ISA_FLAGS = {"native": ["-DGGML_NATIVE=ON"],
+             "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                      "-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AVX_VNNI=OFF"]}
+
+
+def build_llamacpp(source: Path, isa: str = "native") -> Path:
+    build = source / ("build" if isa == "native" else f"build-{isa}")
     bins = build / "bin"
     if all((bins / t).exists() for t in TARGETS):
         return bins
-    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *ISA_FLAGS[isa],
                     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
@@ -203,13 +216,17 @@ def main():
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's, for a quick run")
     ap.add_argument("--skip-pair", action="store_true")
     ap.add_argument("--pair-only", action="store_true", help="only the embedded pair's rows")
+    ap.add_argument("--isa", choices=sorted(ISA_FLAGS), default="native",
+                    help="avx2: both sides on their AVX2 code (llama.cpp rebuilt without AVX-512)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.isa != "native":
+        os.environ["SPECLITE_CPU_ISA"] = args.isa  # read when the first kernel loads
 
-    print(f"machine: {machine()}", flush=True)
+    print(f"machine: {machine()}; compared on {args.isa} code (speclite's path: {cpu_build.isa()})", flush=True)
     source = llamacpp_source()
     t0 = time.perf_counter()
-    bins = build_llamacpp(source)
+    bins = build_llamacpp(source, args.isa)
     print(f"llama.cpp {VERSION} (llama-cpp-python sdist) built in {bins} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     pair_dir = hub.resolve("tiny-code")

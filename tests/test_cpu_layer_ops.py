@@ -89,9 +89,10 @@ def case(dtype, t, start, heads=4, kv_heads=2, d=32, max_len=40, seed=0):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 17, False), (5, 9, False), (6, 3, True)])
-def test_attention_equals_float64_math_and_writes_the_cache(isa, dtype, t, start, tree):
-    qkv, cos, sin, cache_k, cache_v = case(dtype, t, start, seed=t + start)
+@pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 17, False), (5, 9, False), (6, 3, True), (3, 29, False)])
+@pytest.mark.parametrize("d", [32, 12])  # scores are taken 8 keys and 8 values at a time: a tail of both
+def test_attention_equals_float64_math_and_writes_the_cache(isa, dtype, t, start, tree, d):
+    qkv, cos, sin, cache_k, cache_v = case(dtype, t, start, d=d, seed=t + start)
     end = start + t
     mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
     if tree:  # a token tree: new token i sees the prefix and its ancestors (here: every other one)
@@ -126,8 +127,9 @@ def test_attention_with_qwen3_qk_norms_equals_float64_math(isa, dtype, t, start)
 
 
 @needs_kernels
-def test_attention_rows_are_independent_and_unseen_keys_change_nothing(isa):
-    qkv, cos, sin, cache_k, cache_v = case(torch.bfloat16, 6, 10, seed=7)
+@pytest.mark.parametrize("d", [32, 12])
+def test_attention_rows_are_independent_and_unseen_keys_change_nothing(isa, d):
+    qkv, cos, sin, cache_k, cache_v = case(torch.bfloat16, 6, 10, d=d, seed=7)
     start, t = 10, 6
     causal = torch.arange(start + t)[None, :] <= torch.arange(start, start + t)[:, None]
     batch = cpu_layer_ops.attention(qkv, cos, sin, cache_k.clone(), cache_v.clone(), 4, 2, start, start + t, causal)

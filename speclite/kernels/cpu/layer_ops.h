@@ -20,22 +20,75 @@
 namespace {
 
 
-// q . row for fp32 q and a row of `dt` values at p + off, in a fixed order.
-inline float dot_row(const float *q, const void *p, int dt, int64_t off, int d) {
-    __m256 acc = _mm256_setzero_ps();
-    int e = 0;
-    for (; e + 8 <= d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(p, dt, off + e), acc);
-    float s = hsum(acc);
-    for (; e < d; e++) s += q[e] * to_float(p, dt, off + e);
-    return s;
+// q . row for each of n <= 8 consecutive rows of d `DT` values from p + off (lanes past n repeat
+// row n - 1: the caller drops them). Each row's sum has one fixed order: 8-lane partial sums (the
+// rows' chains interleaved), reduced across the 8 rows together (lane l + l + 4, then + 2, then
+// + 1), then the d % 8 tail.
+template <int DT>
+inline __m256 dot_keys(const float *q, const void *p, int64_t off, int d, int n) {
+    const int d8 = d & ~7;
+    int64_t row[8];
+    for (int r = 0; r < 8; r++) row[r] = off + (int64_t)std::min(r, n - 1) * d;
+    __m256 a[8];
+    for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
+    for (int e = 0; e < d8; e += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + e);
+        for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(qv, load8(p, DT, row[r] + e), a[r]);
+    }
+    __m256 b[4], c[2];
+    for (int r = 0; r < 4; r++)  // b[r]: rows 2r and 2r + 1, four partial sums each
+        b[r] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * r], a[2 * r + 1], 0x20), _mm256_permute2f128_ps(a[2 * r], a[2 * r + 1], 0x31));
+    for (int r = 0; r < 2; r++)  // c[r]: rows 4r, 4r + 2 (low half), 4r + 1, 4r + 3 (high half), two each
+        c[r] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * r], b[2 * r + 1], 0x44), _mm256_shuffle_ps(b[2 * r], b[2 * r + 1], 0xEE));
+    // rows 0, 2, 4, 6 | 1, 3, 5, 7, one sum each, back into row order
+    const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+    __m256 out = _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if (d8 < d) {
+        alignas(32) float v[8];
+        _mm256_store_ps(v, out);
+        for (int r = 0; r < 8; r++)
+            for (int e = d8; e < d; e++) v[r] += q[e] * to_float(p, DT, row[r] + e);
+        out = _mm256_load_ps(v);
+    }
+    return out;
 }
 
-// acc += w * row for a row of `dt` values at p + off.
-inline void add_row(float w, const void *p, int dt, int64_t off, float *acc, int d) {
-    const __m256 wv = _mm256_set1_ps(w);
-    int e = 0;
-    for (; e + 8 <= d; e += 8) _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(wv, load8(p, dt, off + e), _mm256_loadu_ps(acc + e)));
-    for (; e < d; e++) acc[e] += w * to_float(p, dt, off + e);
+inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// out[e0..e0 + 8R) = the sum over rows j < n with w[j] != 0 of w[j] * row j, rows of d `DT` values
+// from p + off, added in the order of j, in registers.
+template <int DT, int R>
+inline void weighted_cols(const float *w, int n, const void *p, int64_t off, int d, int e0, float *out) {
+    __m256 a[R];
+    for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        if (w[j] == 0.f) continue;
+        const __m256 wv = _mm256_set1_ps(w[j]);
+        const int64_t row = off + (int64_t)j * d + e0;
+        for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(wv, load8(p, DT, row + r * 8), a[r]);
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + e0 + r * 8, a[r]);
+}
+
+// out[0..d) as weighted_cols: 64 columns at a time, then 32, 16, 8, then the d % 8 tail.
+template <int DT>
+inline void weighted_rows(const float *w, int n, const void *p, int64_t off, int d, float *out) {
+    const int d8 = d & ~7;
+    int e0 = 0;
+    for (; e0 + 64 <= d8; e0 += 64) weighted_cols<DT, 8>(w, n, p, off, d, e0, out);
+    if (e0 + 32 <= d8) weighted_cols<DT, 4>(w, n, p, off, d, e0, out), e0 += 32;
+    if (e0 + 16 <= d8) weighted_cols<DT, 2>(w, n, p, off, d, e0, out), e0 += 16;
+    if (e0 + 8 <= d8) weighted_cols<DT, 1>(w, n, p, off, d, e0, out), e0 += 8;
+    for (int e = d8; e < d; e++) {
+        float s = 0.f;
+        for (int j = 0; j < n; j++)
+            if (w[j] != 0.f) s += w[j] * to_float(p, DT, off + (int64_t)j * d + e);
+        out[e] = s;
+    }
 }
 
 
@@ -108,7 +161,7 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
                            const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
                            float scale, const void *const *qk_norm, float eps) {
     const int half = d / 2, width = (H + 2 * Hkv) * d, group = H / Hkv;
-    std::vector<float> q(d), acc(d), scores(L);
+    std::vector<float> q(d), acc(d), scores((L + 7) / 8 * 8);
     std::vector<char> normed(4 * d);
     // RoPE of one head's vector (row i, column offset c; normed by `norm` first where not null, as
     // rms_norm_row norms a row) into fp32 dst: x cos + rotate_half(x) sin.
@@ -136,23 +189,38 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
         const int i = task / H, h = task % H, kvh = h / group;
         rope(i, h * d, qk_norm ? qk_norm[0] : nullptr, q.data());
         const int64_t base = (int64_t)kvh * max_len * d;
-        float best = -INFINITY;
-        for (int j = 0; j < L; j++) {
-            const bool seen = mask ? mask[(int64_t)i * L + j] != 0 : j <= start + i;
-            if (!seen) continue;
-            scores[j] = dot_row(q.data(), cache_k, dt, base + (int64_t)j * d, d) * scale;
-            best = std::max(best, scores[j]);
+        // Scores 8 keys at a time (a key this row does not see, or past L: -inf), then their
+        // exponentials (0 for those keys), then the weighted values of the keys with weight > 0.
+        __m256 top = _mm256_set1_ps(-INFINITY);
+        for (int j0 = 0; j0 < L; j0 += 8) {
+            const int n = std::min(8, L - j0);
+            alignas(32) int seen[8];
+            for (int l = 0; l < 8; l++)
+                seen[l] = l < n && (mask ? mask[(int64_t)i * L + j0 + l] != 0 : j0 + l <= start + i) ? -1 : 0;
+            const int64_t off = base + (int64_t)j0 * d;
+            const __m256 dots = dt == F32    ? dot_keys<F32>(q.data(), cache_k, off, d, n)
+                                : dt == BF16 ? dot_keys<BF16>(q.data(), cache_k, off, d, n)
+                                             : dot_keys<F16>(q.data(), cache_k, off, d, n);
+            const __m256 s = _mm256_mul_ps(dots, _mm256_set1_ps(scale));
+            const __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, _mm256_castsi256_ps(_mm256_load_si256((const __m256i *)seen)));
+            _mm256_storeu_ps(scores.data() + j0, v);
+            top = _mm256_max_ps(top, v);
         }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        float total = 0.f;
-        for (int j = 0; j < L; j++) {
-            const bool seen = mask ? mask[(int64_t)i * L + j] != 0 : j <= start + i;
-            if (!seen) continue;
-            const float p = std::exp(scores[j] - best);
-            total += p;
-            add_row(p, cache_v, dt, base + (int64_t)j * d, acc.data(), d);
+        const __m256 best = _mm256_set1_ps(hmax(top)), none = _mm256_set1_ps(-INFINITY);
+        __m256 sum = _mm256_setzero_ps();
+        for (int j0 = 0; j0 < L; j0 += 8) {
+            const __m256 v = _mm256_loadu_ps(scores.data() + j0);
+            const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(v, none, _CMP_EQ_OQ), exp8(_mm256_sub_ps(v, best)));
+            _mm256_storeu_ps(scores.data() + j0, e);
+            sum = _mm256_add_ps(sum, e);
         }
-        const float inv = 1.f / total;
+        if (dt == F32)
+            weighted_rows<F32>(scores.data(), L, cache_v, base, d, acc.data());
+        else if (dt == BF16)
+            weighted_rows<BF16>(scores.data(), L, cache_v, base, d, acc.data());
+        else
+            weighted_rows<F16>(scores.data(), L, cache_v, base, d, acc.data());
+        const float inv = 1.f / hsum(sum);
         for (int e = 0; e < d; e++) store(out, dt, (int64_t)i * H * d + h * d + e, acc[e] * inv);
     }
 }
