@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 import speclite.quant.quantize as quantize_mod
 from speclite.model import load_model
+from speclite.model.loader import weight_files
 from speclite.quant import quantize_to_dir
 from speclite.errors import SpecliteError
 from speclite.kernels import cpu_gemm
@@ -63,7 +64,8 @@ def test_gptq_through_gptqmodel_beats_rtn(tmp_path, monkeypatch, sym, act_order)
     dense = load_model(model)
     tokens = torch.tensor(tiny_tokenizer()(SHIPPED_CALIB.read_text()[:20000])["input_ids"][:512])
     inputs = _layer0_inputs(dense, tokens)
-    written, original = load_file(str(out / "model.safetensors")), load_file(str(model / "model.safetensors"))
+    written = {k: v for f in weight_files(out) for k, v in load_file(str(f)).items()}  # GPTQModel's shards + ours
+    original = load_file(str(model / "model.safetensors"))
     for name in LINEARS:
         prefix = f"model.layers.0.{name}"
         w = original[f"{prefix}.weight"].float()

@@ -200,3 +200,20 @@ def test_report_in_the_checkpoint_dtype_and_no_eval(tiny, tmp_path):
     assert report.ppl_before is not None and report.ppl_after == pytest.approx(report.ppl_before, rel=0.05)
     skipped = quantize_to_dir(tiny, tmp_path / "b", "w8a8", evaluate=False)
     assert (skipped.ppl_before, skipped.ppl_after, skipped.eval_skipped) == (None, None, "skipped (--no-eval)")
+
+
+def test_shards_written_tensor_by_tensor_load_with_safetensors_own_reader(tmp_path):
+    """The writer's safetensors files (each tensor written from its own memory) read back exactly
+    with safetensors' loader, for every dtype a checkpoint holds, odd layouts included."""
+    from speclite.quant.writer import SAFETENSORS_DTYPES, write_safetensors
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {f"t.{str(dtype)[6:]}": (torch.randn(5, 3, generator=g) * 40).to(dtype) for dtype in SAFETENSORS_DTYPES}
+    tensors.update({"transposed": torch.randn(4, 6, generator=g).t(), "scalar": torch.tensor(2.5), "empty": torch.empty(0, 7),
+                    "odd": torch.randint(0, 255, (3,), dtype=torch.uint8, generator=g)})
+    write_safetensors(tmp_path / "x.safetensors", tensors, {"format": "pt"})
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert back.keys() == tensors.keys()
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and back[name].shape == t.shape, name
+        assert torch.equal(back[name].reshape(-1).view(torch.uint8), t.contiguous().reshape(-1).view(torch.uint8)), name

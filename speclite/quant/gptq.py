@@ -19,6 +19,9 @@ from pathlib import Path
 import torch
 
 from speclite.errors import SpecliteError
+from speclite.model.loader import weight_files
+from speclite.quant.source import TensorSource, layer_index
+from speclite.quant.writer import ShardWriter
 
 INSTALL_HINT = "pip install 'speclite[gptq]' -c constraints.txt"
 
@@ -46,8 +49,42 @@ def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tenso
         model = GPTQModel.load(str(model_dir), config, device=str(device))
         model.layer_callback = _release_freed_heap
         model.quantize(calibration, batch_size=1)
+        outside = _drop_outside_blocks(model.model)
         model.save(str(out_dir), max_shard_size=shard_bytes)
+    _add_from_source(model_dir, out_dir, outside, shard_bytes)
     return gptqmodel.__version__
+
+
+def _drop_outside_blocks(model: torch.nn.Module) -> list[tuple[list[str], torch.dtype]]:
+    """Take the parameters outside the decoder blocks (embeddings, final norm, lm_head) off the model
+    GPTQModel saves: [(the names of one tensor, tied ones together), the dtype it would write]. Its save
+    reads each of them whole from the checkpoint and copies it before writing (~520 MB above the
+    quantize loop at the 0.5B shape); _add_from_source streams them from the checkpoint instead."""
+    groups: dict[int, tuple[list[str], torch.dtype]] = {}
+    for name, param in list(model.named_parameters(remove_duplicate=False)):
+        if layer_index(name) is None:
+            groups.setdefault(id(param), ([], param.dtype))[0].append(name)
+            module_path, _, leaf = name.rpartition(".")
+            model.get_submodule(module_path)._parameters[leaf] = None
+    return list(groups.values())
+
+
+def _add_from_source(model_dir: Path, out_dir: Path, groups: list[tuple[list[str], torch.dtype]],
+                     shard_bytes: int) -> None:
+    """GPTQModel's shards, plus one tensor per group read from the source checkpoint (the name it has
+    there; tied names share it) in the dtype GPTQModel would have written, shards of the same size; one index."""
+    source, written = TensorSource(model_dir), TensorSource(out_dir)
+    writer = ShardWriter(out_dir, shard_bytes)
+    for file in weight_files(out_dir):
+        held = [n for n, f in written.files().items() if f == file]
+        writer.adopt(file, held, sum(written.nbytes[n] for n in held))
+    (out_dir / "model.safetensors.index.json").unlink(missing_ok=True)
+    for names, dtype in groups:
+        name = next((n for n in names if n in source.shapes), None)
+        if name is None:
+            raise SpecliteError(f"{model_dir}: the checkpoint has no tensor for {' / '.join(names)}")
+        writer.add(name, source.get(name).to(dtype))
+    writer.close()
 
 
 def _release_freed_heap(layer_idx: int, submodule_finalized: bool) -> None:

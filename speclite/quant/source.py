@@ -44,6 +44,10 @@ class TensorSource:
 
         return sorted(self._file_of, key=key)
 
+    def files(self) -> dict[str, Path]:
+        """Each tensor's file."""
+        return dict(self._file_of)
+
     def layer_names(self, i: int) -> list[str]:
         prefix = f"model.layers.{i}."
         return [n for n in self._file_of if n.startswith(prefix)]

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from speclite.errors import SpecliteError
 
@@ -71,10 +71,19 @@ class ShardWriter:
         self.pending_bytes += nbytes
         self.total_bytes += nbytes
 
+    def adopt(self, path: Path, names: list[str], nbytes: int) -> None:
+        """A shard another writer wrote (GPTQModel's) joins these: named and indexed with them at close()."""
+        if self.pending:
+            self._flush()
+        partial = self.directory / f"partial-{len(self.shards) + 1:05d}.safetensors"
+        path.rename(partial)
+        self.shards.append((partial, list(names)))
+        self.total_bytes += nbytes
+
     def _flush(self) -> None:
         path = self.directory / f"partial-{len(self.shards) + 1:05d}.safetensors"
         try:
-            save_file(self.pending, str(path), metadata={"format": "pt"})
+            write_safetensors(path, self.pending, {"format": "pt"})
         except OSError as e:
             raise SpecliteError(f"writing {path} failed: {e.strerror or e}") from None
         self.shards.append((path, list(self.pending)))
@@ -93,6 +102,31 @@ class ShardWriter:
         if n > 1:
             index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
             (self.directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+# torch dtype -> safetensors' name for it.
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                      torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                      torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """The safetensors format (an 8-byte header length, the JSON header, the tensors' bytes in order),
+    each tensor written straight from its own memory. safetensors' save_file first joins every tensor
+    into one bytes object: a second copy of the whole shard at the peak."""
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for t in tensors.values():
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
 
 def finish(staging: Path, out_dir: Path, model_dir: Path, config: dict | None) -> None:
