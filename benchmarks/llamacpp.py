@@ -20,7 +20,8 @@ speclite loads the same directory with `--quant` at load time.
 
 Rows: bf16 vs f16, w8a8 (head too) vs Q8_0, int4 (group 64: 4.375 bits per weight against Q4_0's 4.5; int8 head, as Q4_0's Q8_0 output)
 vs Q4_0, int4/int4 (head too) vs Q4_0
-(llama-quantize --pure, head too). Decode = tg64 after a 32-token prompt (llama-bench -n 64 -d 32),
+(llama-quantize --pure, head too). Decode = tg64 after a 32-token prompt (llama-bench -n 64 -d 32;
+--depth N for a longer context, where attention weighs more),
 prefill = pp128 (llama-bench -p 128). Then the embedded pair (tiny-code + tiny-code-draft): plain
 decoding against llama-bench, and each speculative method (PAIR_METHODS, with its trained draft)
 against llama-speculative (--spec-draft-n-max 4) on the pair as GGUF f32 (--pair-only: just these). Each round runs every contestant once; the median over --rounds is printed, with the CPU
@@ -139,8 +140,8 @@ def gguf(source: Path, bins: Path, model: Path, kind: str) -> Path:
 
 # ---- measurements --------------------------------------------------------------------------
 
-def llama_bench(bins: Path, model: Path, threads: int, mode: str) -> float:
-    args = ["-p", "0", "-n", "64", "-d", "32"] if mode == "decode" else ["-p", "128", "-n", "0"]
+def llama_bench(bins: Path, model: Path, threads: int, mode: str, depth: int = 32) -> float:
+    args = ["-p", "0", "-n", "64", "-d", str(depth)] if mode == "decode" else ["-p", "128", "-n", "0"]
     done = subprocess.run([str(bins / "llama-bench"), "-m", str(model), "-t", str(threads), "-r", "1", "-o", "json",
                            *args], check=True, capture_output=True, text=True)
     return float(json.loads(done.stdout)[0]["avg_ts"])
@@ -216,6 +217,8 @@ def main():
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's, for a quick run")
     ap.add_argument("--skip-pair", action="store_true")
     ap.add_argument("--pair-only", action="store_true", help="only the embedded pair's rows")
+    ap.add_argument("--depth", type=int, default=32, help="tokens of context before the timed decode (-d)")
+    ap.add_argument("--rows", default=",".join(label for label, _, _ in ROWS), help="the equal-bits rows to run")
     ap.add_argument("--isa", choices=sorted(ISA_FLAGS), default="native",
                     help="avx2: both sides on their AVX2 code (llama.cpp rebuilt without AVX-512)")
     args = ap.parse_args()
@@ -230,7 +233,7 @@ def main():
     print(f"llama.cpp {VERSION} (llama-cpp-python sdist) built in {bins} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     pair_dir = hub.resolve("tiny-code")
-    rows = [] if args.pair_only else ROWS
+    rows = [] if args.pair_only else [row for row in ROWS if row[0] in args.rows.split(",")]
     model_dir = CACHE / f"{args.shape}-{args.layers or 'full'}"
     if rows and not (model_dir / "model.safetensors").exists():
         build_synthetic(args.shape, model_dir, layers=args.layers, tokenizer_from=pair_dir)
@@ -240,8 +243,8 @@ def main():
         m = load_model(model_dir, device="cpu", dtype=torch.bfloat16)
         models[label] = quantize_model(m, quant, group_size=INT4_GROUP) if quant else m
     gen = torch.Generator().manual_seed(0)
-    vocab = models["bf16"].args.vocab_size if rows else 0
-    prompt32 = torch.randint(0, vocab, (32,), generator=gen).tolist() if rows else []
+    vocab = next(iter(models.values())).args.vocab_size if rows else 0
+    context = torch.randint(0, vocab, (args.depth,), generator=gen).tolist() if rows else []
     prompt128 = torch.randint(0, vocab, (128,), generator=gen).tolist() if rows else []
 
     pair = None
@@ -257,11 +260,11 @@ def main():
         results.setdefault(key, []).append(value)
 
     for label in models:  # warm-up: kernel builds, first-touch of weights
-        speclite_decode(models[label], prompt32, 4)
+        speclite_decode(models[label], context, 4)
     for r in range(args.rounds):
         for label, _, kind in rows:
-            record(f"{label}/speclite/decode", speclite_decode(models[label], prompt32, 64))
-            record(f"{label}/llama/decode", llama_bench(bins, ggufs[kind], args.threads, "decode"))
+            record(f"{label}/speclite/decode", speclite_decode(models[label], context, 64))
+            record(f"{label}/llama/decode", llama_bench(bins, ggufs[kind], args.threads, "decode", args.depth))
             record(f"{label}/speclite/prefill", speclite_prefill(models[label], prompt128))
             record(f"{label}/llama/prefill", llama_bench(bins, ggufs[kind], args.threads, "prefill"))
         if pair:
@@ -276,7 +279,7 @@ def main():
     print(f"\n{args.threads} threads, median of {args.rounds} interleaved rounds")
     if rows:
         layers = args.layers or synthetic_config(args.shape)["num_hidden_layers"]
-        print(f"\n{args.shape} shapes ({layers} layers), random weights\n")
+        print(f"\n{args.shape} shapes ({layers} layers), random weights; decode after {args.depth} tokens of context\n")
         print("| speclite vs llama.cpp | decode tok/s | llama.cpp | ratio | prefill tok/s | llama.cpp | ratio |")
         print("|---|---|---|---|---|---|---|")
     for label, _, kind in rows:
