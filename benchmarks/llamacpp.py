@@ -222,6 +222,9 @@ def main():
     ap.add_argument("--isa", choices=sorted(ISA_FLAGS), default="native",
                     help="avx2: both sides on their AVX2 code (llama.cpp rebuilt without AVX-512)")
     args = ap.parse_args()
+    unknown = set(args.rows.split(",")) - {label for label, _, _ in ROWS}
+    if unknown:
+        ap.error(f"unknown --rows {', '.join(sorted(unknown))}: choose from {', '.join(label for label, _, _ in ROWS)}")
     torch.set_num_threads(args.threads)
     if args.isa != "native":
         os.environ["SPECLITE_CPU_ISA"] = args.isa  # read when the first kernel loads
