@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from speclite.errors import SpecliteError
-from speclite.model.loader import weight_files
 from speclite.quant.source import TensorSource, layer_index
 from speclite.quant.writer import ShardWriter
 
@@ -75,9 +74,11 @@ def _add_from_source(model_dir: Path, out_dir: Path, groups: list[tuple[list[str
     there; tied names share it) in the dtype GPTQModel would have written, shards of the same size; one index."""
     source, written = TensorSource(model_dir), TensorSource(out_dir)
     writer = ShardWriter(out_dir, shard_bytes)
-    for file in weight_files(out_dir):
-        held = [n for n, f in written.files().items() if f == file]
-        writer.adopt(file, held, sum(written.nbytes[n] for n in held))
+    held: dict[Path, list[str]] = {}
+    for name, file in written.files().items():
+        held.setdefault(file, []).append(name)
+    for file, names in held.items():
+        writer.adopt(file, names, sum(written.nbytes[n] for n in names))
     (out_dir / "model.safetensors.index.json").unlink(missing_ok=True)
     for names, dtype in groups:
         name = next((n for n in names if n in source.shapes), None)

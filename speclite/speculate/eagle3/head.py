@@ -18,8 +18,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from speclite.kernels import cpu_gemm, cpu_layer_ops
-from speclite.model.decoder import MLP, Attention, Linear, ModelArgs, RMSNorm
+from speclite.kernels import cpu_layer_ops
+from speclite.model.decoder import MLP, Attention, Block, Linear, ModelArgs, RMSNorm
 from speclite.model.kv_cache import KVCache
 from speclite.speculate.one_layer_head import OneLayerHead
 
@@ -36,6 +36,12 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(h, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, args.rms_norm_eps)
         self.norm_before_residual = norm_before_residual
+
+    # Block's one-call plumbing reads only the attention, the MLP and the two norms this layer has
+    # under the same names: its check, its modules and its Layer struct serve the head as they are.
+    cpu_layer_applies = Block.cpu_layer_applies
+    kernel_modules = Block.kernel_modules
+    build_cpu_layer = Block.build_cpu_layer
 
     def forward(self, embeds, hidden, cos, sin, layer_cache, start: int, mask):
         normed = self.hidden_norm(hidden)
@@ -90,16 +96,6 @@ class Eagle3Head(OneLayerHead):
 
     def layer_struct(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
         layer = self.model.layers[0]
-        attn, mlp = layer.self_attn, layer.mlp
-        norms = [layer.input_layernorm, layer.post_attention_layernorm, layer.hidden_norm]
-        if any(n.weight.dtype != x.dtype for n in norms) or not attn.cpu_attention_applies(x, x):
+        if not layer.cpu_layer_applies(x, x) or layer.hidden_norm.weight.dtype != x.dtype:
             return None
-        mats = [cpu_gemm.module_matrices(x, g) for g in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj],
-                                                         [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])]
-        if any(m is None for m in mats):
-            return None
-        return cpu_layer_ops.Layer(mats, [layer.input_layernorm.weight, layer.post_attention_layernorm.weight],
-                                   layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                                   attn.cpu_qk_norm()[0] if attn.qk_norm else None,
-                                   dict(hnorm=layer.hidden_norm.weight, residual_normed=layer.norm_before_residual))
-
+        return layer.build_cpu_layer(x, dict(hnorm=layer.hidden_norm.weight, residual_normed=layer.norm_before_residual))

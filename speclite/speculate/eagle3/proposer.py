@@ -131,8 +131,7 @@ class Eagle3Proposer(Proposer):
             if i == k - 1:
                 break
             # Greedy: the rest of the chain in one call where the head can (the same drafts).
-            chain = params.greedy and getattr(self.head, "greedy_chain", None)
-            rest = chain and chain(token, state, self.cache, k - 1 - i, self.embed)
+            rest = self.head.greedy_chain(token, state, self.cache, k - 1 - i, self.embed) if params.greedy else None
             if rest:
                 drafts += rest
                 break
