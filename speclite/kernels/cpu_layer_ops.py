@@ -170,23 +170,25 @@ def greedy_chain(layers: Layers, embed: torch.Tensor, token: int, cos: torch.Ten
     return list(tokens)
 
 
-def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.Tensor | None, token: int,
+def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.Tensor | None, tokens: list[int],
                hidden: torch.Tensor, cache_layer, start: int, cos: torch.Tensor, sin: torch.Tensor, steps: int,
                normed_state: bool = False) -> list[int]:
     """`steps` greedy drafts of a one-layer drafting head (EAGLE-3, MTP) in one call and one thread
-    team: the embedding row of `token` (embed [V', H]) and the state `hidden` [H] through `layer` at
-    position start (cos/sin: RoPE rows of positions start..), head's norm and lm_head, the argmax
-    mapped through vocab_map (int64 draft id -> token, or None), fed next with the layer's output (or
-    with normed_state, the norm's) as the state; the head's cache (cache_layer: its one layer's keys
-    and values) gains `steps` entries. The drafts its steps one by one would give."""
-    tokens = (ctypes.c_int * steps)()
+    team: first the rows of `tokens` (embedding rows of embed [V', H]) beside the states `hidden` [T,
+    H] at positions start.. (cos/sin: RoPE rows of positions start..), then one row per step; each
+    step's last row through head's norm and lm_head, the argmax mapped through vocab_map (int64
+    draft id -> token, or None) fed next with the row's layer output (or with normed_state, the
+    norm's) as the state. The head's cache (cache_layer: its one layer's keys and values) gains
+    T + steps - 1 entries. The drafts its steps one by one would give."""
+    drafts = (ctypes.c_int * steps)()
     cache_k, cache_v = cache_layer
     hidden = hidden.contiguous()
     _library().speclite_head_chain(
-        ctypes.byref(layer), head, embed.data_ptr(), None if vocab_map is None else vocab_map.data_ptr(), token,
-        hidden.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(), DTYPES[hidden.dtype], cos.data_ptr(), sin.data_ptr(),
-        cache_k.shape[1], start, layer.head_dim ** -0.5, steps, normed_state, tokens, torch.get_num_threads())
-    return list(tokens)
+        ctypes.byref(layer), head, embed.data_ptr(), None if vocab_map is None else vocab_map.data_ptr(),
+        (ctypes.c_int * len(tokens))(*tokens), len(tokens), hidden.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(),
+        DTYPES[hidden.dtype], cos.data_ptr(), sin.data_ptr(), cache_k.shape[1], start, layer.head_dim ** -0.5, steps,
+        normed_state, drafts, torch.get_num_threads())
+    return list(drafts)
 
 
 SIGNATURES = {
@@ -197,8 +199,8 @@ SIGNATURES = {
                                 ctypes.POINTER(Head), _I, _P, _P, _I],
     "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
                               ctypes.POINTER(ctypes.c_int), _I],
-    "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _P, _I, _P, _P, _P, _I, _P, _P, _I, _I,
-                            _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
+    "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _P, ctypes.POINTER(ctypes.c_int), _I, _P,
+                            _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
 }
 
 

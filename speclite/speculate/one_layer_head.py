@@ -85,21 +85,22 @@ class OneLayerHead(nn.Module):
         cache.length = start + t
         return logits, normed, out
 
-    def greedy_chain(self, token: int, state: torch.Tensor, cache: KVCache, steps: int, embed: nn.Module) -> list[int] | None:
-        """`steps` greedy drafts after `token`, the first fed with `state` [1, H] and each next one with
-        the step's state (the target ids of the argmaxes, as that many single steps give them), in one
-        C call on the CPU; None where the kernels do not take the whole head, or a hook, a gradient or
-        an embedding of another dtype asks for the steps one by one."""
-        start = cache.length
-        if (type(embed) is not nn.Embedding or embed.weight.dtype != state.dtype or hooked([embed])
-                or cache.layers[0][0].dtype != state.dtype or start + steps > cache.max_len or start == 0):
+    def greedy_chain(self, tokens: list[int], states: torch.Tensor, cache: KVCache, steps: int,
+                     embed: nn.Module) -> list[int] | None:
+        """`steps` greedy drafts: first the rows of `tokens` fed with `states` [T, H] at cache.length..
+        (the pending pairs), then each draft fed with the step's state (the target ids of the argmaxes,
+        as the head's steps one by one give them), in one C call on the CPU; None where the kernels do
+        not take the whole head, or a hook, a gradient or an embedding of another dtype asks for the
+        steps one by one, or the rows start at position 0 (an MTP module zeroes that embedding)."""
+        start, t = cache.length, len(tokens)
+        if (type(embed) is not nn.Embedding or embed.weight.dtype != states.dtype or hooked([embed])
+                or cache.layers[0][0].dtype != states.dtype or start + t + steps - 1 > cache.max_len or start == 0):
             return None
-        layers = self.cpu_layers(state)
+        layers = self.cpu_layers(states)
         if layers is None:
             return None
-        cos, sin = rope_rows(self, slice(start, start + steps), cache.max_len, state.dtype, state.device)
-        tokens = cpu_layer_ops.head_chain(layers.layers[0], layers.head, embed.weight, self.target_ids, token, state,
+        cos, sin = rope_rows(self, slice(start, start + t + steps - 1), cache.max_len, states.dtype, states.device)
+        drafts = cpu_layer_ops.head_chain(layers.layers[0], layers.head, embed.weight, self.target_ids, tokens, states,
                                           cache.layers[0], start, cos, sin, steps, self.normed_state)
-        cache.length = start + steps
-        return tokens
-
+        cache.length = start + t + steps - 1
+        return drafts

@@ -158,7 +158,7 @@ struct Model {
             const int H = (int)bufs.H, M = st.M;
 #pragma omp for schedule(static)
             for (int m = normed ? 0 : M - R; m < M; m++) rms_norm_row(out, head->norm, to, st.dt, m, H, head->eps);
-            matmul_team(*head->mats, to + bytes / M * (M - R), st.dt, R, logits, sc);
+            matmul_team(*head->mats, to + (int64_t)H * (st.dt == F32 ? 4 : 2) * (M - R), st.dt, R, logits, sc);
         }
     }
 };
@@ -235,34 +235,40 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
 }
 
 // n greedy drafts of a one-layer drafting head (EAGLE-3, MTP: a layer reading a state and an
-// embedding, and its norm + lm_head), as n of its steps one by one give them: step i feeds the
-// embedding row of `token` (embed [V', H], the activations' dtype) and the state `hidden` [H] at
-// position start + i (cos/sin: the RoPE rows of positions start.., d values each; the cache gains
-// an entry), the argmax over the head's vocabulary (first of equal maxima, NaN the largest) mapped
-// through vocab_map (draft id -> token, or null) is tokens[i] and is fed next, with the layer's
-// output (normed_state: the head norm's output) as the next state.
-void speclite_head_chain(const Layer *layer, const Head *head, const void *embed, const int64_t *vocab_map, int token,
-                         const void *hidden, void *cache_k, void *cache_v, int dt, const void *cos, const void *sin,
-                         int max_len, int start, float scale, int steps, int normed_state, int *tokens, int threads) {
+// embedding, and its norm + lm_head), as its steps one by one give them. Step 0 feeds T rows: the
+// embedding rows of first[0..T) (embed [V', H], the activations' dtype) beside the states `hidden`
+// [T, H] at positions start.. (the committed pairs still pending, causal); each later step i feeds
+// one row, at position start + T - 1 + i. cos/sin: the RoPE rows of positions start.., d values
+// each; the cache gains T + n - 1 entries. A step's argmax over the head's vocabulary (of its last
+// row; first of equal maxima, NaN the largest) mapped through vocab_map (draft id -> token, or
+// null) is tokens[i] and is fed next, with that row's layer output (normed_state: the head norm's
+// output) as the next state.
+void speclite_head_chain(const Layer *layer, const Head *head, const void *embed, const int64_t *vocab_map,
+                         const int *first, int T, const void *hidden, void *cache_k, void *cache_v, int dt,
+                         const void *cos, const void *sin, int max_len, int start, float scale, int steps,
+                         int normed_state, int *tokens, int threads) {
     Model model{&layer, 1, head, layer_buffers, scratch, layer_states};
-    model.reserve(1, 1, dt);
+    model.reserve(T, 1, dt);
     const int H = layer->o->n, d = layer->head_dim, V = head->mats->n;
-    const int64_t es = dt == F32 ? 4 : 2;
-    std::vector<char> x(es * H), out(es * H), normed(es * H), logits(es * V);
+    const int64_t es = dt == F32 ? 4 : 2, row = es * H;
+    std::vector<char> x(row * T), e(row * T), out(row * T), normed(row * T), logits(es * V);
     void *captures[2] = {nullptr, nullptr};
-    memcpy(x.data(), hidden, es * H);
+    memcpy(x.data(), hidden, row * T);
+    for (int m = 0; m < T; m++) memcpy(e.data() + row * m, (const char *)embed + row * first[m], row);
 #pragma omp parallel num_threads(threads)
     for (int i = 0; i < steps; i++) {
-        const Step st{dt, 1, at(cos, dt, (int64_t)d * i), at(sin, dt, (int64_t)d * i), nullptr, max_len, start + i,
-                      start + i + 1, scale};
-        model.forward_team(st, x.data(), at(embed, dt, (int64_t)H * token), out.data(), captures, &cache_k, &cache_v, 1,
-                           normed.data(), logits.data());
+        const int M = i == 0 ? T : 1, at_pos = i == 0 ? start : start + T - 1 + i;
+        const int64_t rope = (int64_t)d * (at_pos - start);
+        const Step st{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, at_pos, at_pos + M, scale};
+        model.forward_team(st, x.data(), e.data(), out.data(), captures, &cache_k, &cache_v, 1, normed.data(),
+                           logits.data());
 #pragma omp single
         {
             const int best = argmax(logits.data(), dt, V);
-            tokens[i] = token = vocab_map ? (int)vocab_map[best] : best;
-            memcpy(x.data(), normed_state ? normed.data() : out.data(), es * H);
-        }  // the team waits here: the next step reads token and x
+            tokens[i] = vocab_map ? (int)vocab_map[best] : best;
+            memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
+            memcpy(e.data(), (const char *)embed + row * tokens[i], row);
+        }  // the team waits here: the next step reads x and e
     }
 }
 

@@ -106,18 +106,24 @@ class Eagle3Proposer(Proposer):
         room = self.cache.max_len - c - n_pairs
         if n_pairs < 1 or k < 1 or room < 1:
             return Proposal([])
+        pairs, states = self.tokens[c + 1: c + 1 + n_pairs], self.pending[:n_pairs]
+        self.committed, self.pending = c + n_pairs, self.pending[n_pairs:]
         with torch.inference_mode():
-            logits, state = self._step(self.tokens[c + 1: c + 1 + n_pairs], self.pending[:n_pairs],
-                                       list(range(c, c + n_pairs)))
-            self.committed, self.pending = c + n_pairs, self.pending[n_pairs:]
             if self.topk == 1:  # a chain of `steps` head passes (SGLang's knob), at most k
-                return self._chain(logits[-1], state[-1:], min(k, room, self.steps or k))
+                k = min(k, room, self.steps or k)
+                # Greedy: the pairs and the whole chain in one call where the head can (the same drafts).
+                drafts = self.head.greedy_chain(pairs, states, self.cache, k, self.embed) if self.ctx.params.greedy else None
+                if drafts:
+                    return Proposal(drafts)
+            logits, state = self._step(pairs, states, list(range(c, c + n_pairs)))
+            if self.topk == 1:
+                return self._chain(logits[-1], state[-1:], k)
             return self._tree(logits[-1], state[-1:], min(k, (self.num_draft_tokens or k + 1) - 1), room)
 
     def _chain(self, logits, state, k: int) -> Proposal:
-        """k drafts: the head's argmax when greedy (the topk-1 tree's drafts, without its masks and
-        log-probabilities), else drawn from its warped distributions, which come back for rejection
-        sampling."""
+        """k drafts, step by step: the head's argmax when greedy (the topk-1 tree's drafts, without
+        its masks and log-probabilities), else drawn from its warped distributions, which come back
+        for rejection sampling."""
         params, gen = self.ctx.params, self.ctx.generator
         drafts, probs = [], []
         for i in range(k):
@@ -129,11 +135,6 @@ class Eagle3Proposer(Proposer):
                 probs.append(q)
             drafts.append(token)
             if i == k - 1:
-                break
-            # Greedy: the rest of the chain in one call where the head can (the same drafts).
-            rest = self.head.greedy_chain(token, state, self.cache, k - 1 - i, self.embed) if params.greedy else None
-            if rest:
-                drafts += rest
                 break
             logits, state = self._step([token], state, [self.committed + i])
             logits = logits[-1]
