@@ -42,6 +42,14 @@ constexpr int ROW_CHUNK = 32;
 // decode step at about a third of the copy bandwidth (benchmarks/RESULTS.md, issue 13). Measured
 // best: 2 KB ahead of int4's one stream per thread, 4 KB ahead of each row of the row-major formats.
 constexpr int PREFETCH = 2048, PREFETCH_ROWS = 4096;
+// One row's dense and int8 products (a decode step) prefetch nothing on AVX-512 builds: on Zen 4 the
+// hardware prefetcher alone streamed them 8-12% faster (benchmarks/RESULTS.md, 2026-11-25). int4's
+// one stream per thread, two or more rows, and the AVX2 build (tuned on Zen 3) keep the prefetch.
+#if defined(__AVX512F__)
+constexpr bool PREFETCH_ONE_ROW = false;
+#else
+constexpr bool PREFETCH_ONE_ROW = true;
+#endif
 
 // Row m of x quantized to int8 in blocks of `block` values (K padded with zeros to Kp):
 // d = max|x| / 127, q = round(x * (127 / max|x|)) half to even. Returns the blocks' scales in d and
@@ -244,10 +252,9 @@ struct Int8 {
         __m256i acc[8];
         for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_si256();
         for (int b = 0; b < nb; b++) {
-            _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH), _MM_HINT_T0);
-            _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH + 64), _MM_HINT_T0);
-            _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH + 128), _MM_HINT_T0);
-            _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH + 192), _MM_HINT_T0);
+            if (PREFETCH_ONE_ROW)
+                for (int line = 0; line < 256; line += 64)
+                    _mm_prefetch((const char *)(wg + (int64_t)b * 256 + PREFETCH + line), _MM_HINT_T0);
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xm + b * 32));
             for (int c = 0; c < 8; c++)
                 acc[c] = dot_add(acc[c], prepare(_mm256_loadu_si256((const __m256i *)(wg + ((int64_t)b * 8 + c) * 32))), xv);
@@ -321,6 +328,7 @@ struct Dense {
     const void *w;   // [N, K] fp32, bf16 or f16
     void *y;         // [M, ldy], this matrix's N columns from column y0
     int dt, wdt, N, K, ldy, y0;
+    bool prefetch;   // whether a row chunk's first tile prefetches the weights (see PREFETCH_ONE_ROW)
 
     // Whether bf16 weights meet bf16 activations in vdpbf16ps (AVX-512 BF16) rather than fp32 FMAs.
     static bool dot_bf16(int dt, int wdt) {
@@ -351,7 +359,7 @@ struct Dense {
     // prefetches: it streams the weights from memory, the chunk's other tiles find them in cache.
     template <int MR, int NR, int WDT>
     void tile_of(int m0, int n0, int step) const {
-        const bool streams = m0 % ROW_CHUNK == 0;
+        const bool streams = prefetch && m0 % ROW_CHUNK == 0;
         __m256 acc[MR][NR];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
@@ -390,7 +398,7 @@ struct Dense {
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
         const int KW = K / S::W * S::W;
-        if (m0 % ROW_CHUNK == 0) {  // the chunk's first tile streams the weights from memory
+        if (prefetch && m0 % ROW_CHUNK == 0) {  // the chunk's first tile streams the weights from memory
             for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, true, false>(wr, xm, k, 0, acc);
         } else {
             for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, false, false>(wr, xm, k, 0, acc);
@@ -615,7 +623,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         for (int p = 0, first = 0; p < mt.parts; first += mt.ns[p++]) {
             const int a = std::max(c0, first) - first, b = std::min(c1, first + mt.ns[p]) - first;
             if (a >= b) continue;
-            run_columns(Dense{xf, x, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first}, M, a, b);
+            run_columns(Dense{xf, x, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first, M > 1 || PREFETCH_ONE_ROW}, M, a, b);
             if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, first + a, first + b);
         }
     }
