@@ -195,3 +195,24 @@ def test_quant_labels_survive_rich_markup():
     console = Console(file=io.StringIO(), width=200)
     console.print(results_table([row], "title", "weights+KV"))
     assert "vanilla k=4 [int4]" in console.file.getvalue()
+
+
+@pytest.mark.parametrize("method, draft", [("eagle3", "tiny-code-eagle3"), ("mtp", "tiny-code-mtp"),
+                                           ("dflash", "tiny-code-dflash")])
+def test_draft_quant_reaches_the_heads_a_method_loads_itself(method, draft):
+    """--draft-quant quantizes a head or drafter that its method loads (not only a draft model)."""
+    import torch
+
+    from speclite.bench.runner import BenchModels, Runner
+    from speclite.bench.sweep import BenchConfig
+    from speclite.quant.linear import QuantLinear
+
+    def quantized(quant):
+        models = BenchModels.load("tiny-code", [draft], [None], device="cpu", dtype=torch.float32, draft_quant=quant,
+                                  draft_is_model=lambda *_: False)
+        runner = Runner(models, [BenchConfig(method, 2, None, draft=draft)], BUILTIN[:1], 4)
+        held, _ = runner.proposers[method].resident()
+        return [type(m).__name__ for model in held for m in model.modules() if isinstance(m, QuantLinear)]
+
+    assert quantized(None) == []
+    assert quantized("int4") and set(quantized("int4")) == {"Int4Linear"}

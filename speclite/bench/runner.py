@@ -64,6 +64,7 @@ class BenchModels:
     # its resolved directory: a PARD draft's config names its mask token, a head is read from it)
     drafts: dict[str, tuple[object | None, Path]]
     static: bool = False
+    draft_quant: str | None = None  # --draft-quant, also for the heads and drafters a method loads itself
 
     @classmethod
     def load(cls, model: str, drafts: list[str], quants: list[str | None], *, device, dtype, draft_quant=None,
@@ -80,7 +81,7 @@ class BenchModels:
             draft_model = (load_draft(draft, first.tokenizer, str(model), first.device, first.dtype, draft_quant,
                                       models_file) if draft_is_model(draft, draft_dir) else None)
             loaded[draft] = (draft_model, draft_dir)
-        return cls(llms, loaded, static)
+        return cls(llms, loaded, static, draft_quant)
 
 
 class Runner:
@@ -125,7 +126,8 @@ class Runner:
         draft, draft_dir = self.models.drafts[cfg.draft] if cfg.draft else (None, None)
         if not (method.needs_draft or method.loads_draft_model(cfg.options, draft_dir)):
             draft = None
-        proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len, draft_dir))
+        proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len, draft_dir,
+                                                           self.models.draft_quant))
         if self.models.static:
             proposer.use_static()
         return proposer
