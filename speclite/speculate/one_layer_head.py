@@ -18,6 +18,7 @@ class OneLayerHead(nn.Module):
     model: nn.Module
     target_ids: torch.Tensor  # head vocabulary id -> target token id
     normed_state = False  # the next step's state is the norm's output (MiMo's MTP), not the layer's
+    zeroes_position_0 = False  # the embedding paired with position 0 is zeroed (MTP, as vLLM does)
 
     def output_head(self) -> nn.Module:
         return self.lm_head
@@ -91,10 +92,10 @@ class OneLayerHead(nn.Module):
         (the pending pairs), then each draft fed with the step's state (the target ids of the argmaxes,
         as the head's steps one by one give them), in one C call on the CPU; None where the kernels do
         not take the whole head, or a hook, a gradient or an embedding of another dtype asks for the
-        steps one by one, or the rows start at position 0 (an MTP module zeroes that embedding)."""
+        steps one by one, or the rows start at position 0 of a head that zeroes that embedding."""
         start, t = cache.length, len(tokens)
         if (type(embed) is not nn.Embedding or embed.weight.dtype != states.dtype or hooked([embed])
-                or cache.layers[0][0].dtype != states.dtype or start + t + steps - 1 > cache.max_len or start == 0):
+                or cache.layers[0][0].dtype != states.dtype or start + t + steps - 1 > cache.max_len or (start == 0 and self.zeroes_position_0)):
             return None
         layers = self.cpu_layers(states)
         if layers is None:

@@ -53,6 +53,8 @@ class MTPBody(nn.Module):
 class MTPModule(OneLayerHead):
     """The interface Eagle3Proposer drives: new_cache, forward -> (logits, state), to_target, target_ids."""
 
+    zeroes_position_0 = True
+
     def __init__(self, args: ModelArgs, own_head: bool, state_first: bool, normed_state: bool):
         super().__init__()
         self.args = args
