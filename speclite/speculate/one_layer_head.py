@@ -95,7 +95,8 @@ class OneLayerHead(nn.Module):
         steps one by one, or the rows start at position 0 of a head that zeroes that embedding."""
         start, t = cache.length, len(tokens)
         if (type(embed) is not nn.Embedding or embed.weight.dtype != states.dtype or hooked([embed])
-                or cache.layers[0][0].dtype != states.dtype or start + t + steps - 1 > cache.max_len or (start == 0 and self.zeroes_position_0)):
+                or cache.layers[0][0].dtype != states.dtype or start + t + steps - 1 > cache.max_len
+                or (start == 0 and self.zeroes_position_0)):
             return None
         layers = self.cpu_layers(states)
         if layers is None:
