@@ -112,7 +112,8 @@ class Eagle3Proposer(Proposer):
             if self.topk == 1:  # a chain of `steps` head passes (SGLang's knob), at most k
                 k = min(k, room, self.steps or k)
                 # Greedy: the pairs and the whole chain in one call where the head can (the same drafts).
-                drafts = self.head.greedy_chain(pairs, states, self.cache, k, self.embed) if self.ctx.params.greedy else None
+                greedy = self.ctx.params.greedy
+                drafts = self.head.greedy_chain(pairs, states, self.cache, k, self.embed) if greedy else None
                 if drafts:
                     return Proposal(drafts)
             logits, state = self._step(pairs, states, list(range(c, c + n_pairs)))
