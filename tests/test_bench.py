@@ -11,12 +11,15 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from speclite.bench.prompts import BUILTIN, WORKLOADS, load_prompts
-from speclite.bench.sweep import build_sweep, parse_ks, parse_methods
+from speclite.bench.runner import BenchModels, Runner
+from speclite.bench.sweep import BenchConfig, build_sweep, parse_ks, parse_methods
 from speclite.cli import cli
 from speclite.errors import SpecliteError
+from speclite.quant.linear import QuantLinear
 
 CONFIG_FIELDS = {
     "label", "method", "k", "quant", "accept_policy", "tokens_per_s", "tokens_per_s_runs", "plain_tokens_per_s",
@@ -201,12 +204,6 @@ def test_quant_labels_survive_rich_markup():
                                            ("dflash", "tiny-code-dflash")])
 def test_draft_quant_reaches_the_heads_a_method_loads_itself(method, draft):
     """--draft-quant quantizes a head or drafter that its method loads (not only a draft model)."""
-    import torch
-
-    from speclite.bench.runner import BenchModels, Runner
-    from speclite.bench.sweep import BenchConfig
-    from speclite.quant.linear import QuantLinear
-
     def quantized(quant):
         models = BenchModels.load("tiny-code", [draft], [None], device="cpu", dtype=torch.float32, draft_quant=quant,
                                   draft_is_model=lambda *_: False)

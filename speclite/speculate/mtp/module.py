@@ -70,7 +70,8 @@ class MTPModule(OneLayerHead):
                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [T, V], states [T, H]) for T rows appended at cache.length (`mask` as run_layer's)."""
         # vLLM (deepseek_mtp, mimo_mtp) zeroes the embedding paired with position 0, as in training.
-        embeds = embeds.masked_fill((positions == 0)[:, None], 0)
+        if self.zeroes_position_0:
+            embeds = embeds.masked_fill((positions == 0)[:, None], 0)
         fused = self.fused(embeds, hidden, positions, cache, mask)
         if fused is not None:
             logits, normed, out = fused
