@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,6 +38,7 @@ from speclite.model.decoder import ModelArgs, rope_tables  # noqa: E402
 from speclite.model.step import Wants  # noqa: E402
 from speclite.speculate.dflash.draft import DFlashDraft  # noqa: E402
 from speclite.speculate.dflash.load import parse_config  # noqa: E402
+from speclite.speculate.dflash.save import save_drafter  # noqa: E402
 
 TARGET = Path(__file__).resolve().parent.parent / "speclite" / "assets" / "tiny-code"
 # Byte-level BPE maps byte 0xFF to 'ÿ': valid UTF-8 never contains that byte and no merge was
@@ -172,15 +173,6 @@ def evaluate(draft, target, stream, args):
     return (agree / count).tolist()
 
 
-def save(draft, cfg, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    # The published layout: no `model.` prefix, no embedding or head.
-    tensors = {name.removeprefix("model."): p.detach().to(torch.bfloat16).contiguous()
-               for name, p in draft.named_parameters()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-
-
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default="speclite/assets/tiny-code-dflash")
@@ -247,7 +239,7 @@ def main():
         draw = (lambda rng: rows(texts, args.batch_size, rng))
     steps, wall = train(draft, target, draw, args)
     out = Path(args.out_dir)
-    save(draft, cfg, out)
+    save_drafter({name: p.detach().to(torch.bfloat16) for name, p in draft.named_parameters()}, cfg, out)
     agree = evaluate(draft, target, heldout_stream, args)
     print(f"held-out greedy agreement by row: {' '.join(f'{a:.3f}' for a in agree)}", flush=True)
     print(json.dumps({"steps": steps, "train_seconds": round(wall), "heldout_row_agreement": agree}), flush=True)

@@ -50,6 +50,7 @@ from speclite.model.loader import load_model  # noqa: E402
 from speclite.model.step import Tree, Wants  # noqa: E402
 from speclite.speculate.eagle3.head import Eagle3Head  # noqa: E402
 from speclite.speculate.eagle3.load import load_head  # noqa: E402
+from speclite.speculate.eagle3.save import save_head  # noqa: E402
 from speclite.speculate.medusa.head import MedusaHeads  # noqa: E402
 from speclite.speculate.mtp.module import MTPModule  # noqa: E402
 
@@ -270,21 +271,6 @@ def bf16(tensors: dict) -> dict:
             for k, v in tensors.items()}
 
 
-def save_eagle3(head, config, vocab_ids, out):
-    names = {"model.fc.": "fc.", "model.layers.0.": "midlayer.", "model.norm.": "norm.", "lm_head.": "lm_head."}
-    tensors = {}
-    for name, value in head.state_dict().items():
-        prefix = next(p for p in names if name.startswith(p))
-        tensors[names[prefix] + name[len(prefix):]] = value
-    tensors = bf16(tensors)
-    tensors["d2t"] = vocab_ids - torch.arange(len(vocab_ids))  # target id = draft id + d2t[draft id]
-    t2d = torch.zeros(config["vocab_size"], dtype=torch.bool)
-    t2d[vocab_ids] = True
-    tensors["t2d"] = t2d
-    save_file(tensors, out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
 def save_mtp(module, config, out):
     tensors = {}
     for name, value in module.state_dict().items():
@@ -457,7 +443,7 @@ def main():
     if args.method == "pard":
         save_pard(model, config, Path(args.draft), out)
     elif args.method == "eagle3":
-        save_eagle3(model, config, vocab_ids, out)
+        save_head(bf16(model.state_dict()), vocab_ids, config, out)
     else:
         {"mtp": save_mtp, "medusa": save_medusa}[args.method](model, config, out)
     for f in out.iterdir():

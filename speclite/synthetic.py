@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from torch import nn
 
 from speclite.errors import SpecliteError
 from speclite.model.decoder import ModelArgs, Transformer
@@ -29,6 +30,16 @@ def synthetic_config(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def random_weights(model: nn.Module, dtype, seed: int, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Every parameter of `model` but those named in `skip` (built on the meta device: only names and
+    shapes are read) as random numbers of std 0.02, the norms' weights at 1, drawn in the order of
+    named_parameters."""
+    gen = torch.Generator().manual_seed(seed)
+    return {name: torch.ones(p.shape, dtype=dtype) if name.endswith("norm.weight")
+            else (torch.randn(p.shape, generator=gen) * 0.02).to(dtype)
+            for name, p in model.named_parameters() if name not in skip}
+
+
 def build_synthetic(name: str, out_dir: str | Path, layers: int | None = None, dtype=torch.bfloat16,
                     seed: int = 0, tokenizer_from: str | Path | None = None) -> Path:
     """Write config.json and random safetensors (std 0.02, norms at 1) for config `name` into out_dir."""
@@ -40,15 +51,7 @@ def build_synthetic(name: str, out_dir: str | Path, layers: int | None = None, d
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     with torch.device("meta"):
         model = Transformer(ModelArgs.from_hf(cfg))
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name_, p in model.named_parameters():
-        if name_ == "lm_head.weight" and cfg.get("tie_word_embeddings"):
-            continue
-        if name_.endswith("norm.weight"):
-            tensors[name_] = torch.ones(p.shape, dtype=dtype)
-        else:
-            tensors[name_] = (torch.randn(p.shape, generator=gen) * 0.02).to(dtype)
+    tensors = random_weights(model, dtype, seed, skip=("lm_head.weight",) if cfg.get("tie_word_embeddings") else ())
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     if tokenizer_from is not None:

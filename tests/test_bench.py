@@ -120,6 +120,28 @@ def test_synthetic_pair_with_roofline(tmp_path):
     assert "copy bandwidth" in text
 
 
+def test_synthetic_target_runs_heads_and_drafters_of_the_published_shape(tmp_path):
+    # eagle3 and dflash get a random head / drafter built for the synthetic target; vanilla the
+    # --synthetic-draft decoder.
+    from speclite.synthetic import synthetic_config
+
+    cfg = synthetic_config("qwen2.5-0.5b") | {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                                              "num_key_value_heads": 2, "vocab_size": 8192}
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(cfg))
+    out = tmp_path / "s.json"
+    bench("--synthetic", path, "--synthetic-draft", path, "--layers", 2, "--sp-type", "eagle3,dflash,vanilla",
+          "--k", 3, "--accept-policy", "accept_all", "--max-new-tokens", 8, "--prompts", "builtin:chat", *FAST,
+          "--json", out)
+    data = json.loads(out.read_text())
+    assert data["meta"]["drafts"] == {"eagle3": "random eagle3 draft", "dflash": "random dflash draft",
+                                      "vanilla": f"synthetic {path}"}
+    rows = {r["label"]: r for r in data["configs"]}
+    for method in ("eagle3", "dflash", "vanilla"):
+        row = rows[f"{method} k=3 (accept_all)"]
+        assert row["avg_tokens_per_iter"] == 4.0 and row["draft_s"] > 0
+
+
 def test_plot_is_a_png(pair, tmp_path):
     pytest.importorskip("matplotlib")
     target, draft = pair

@@ -23,7 +23,7 @@ from speclite.bench.runner import BenchModels, Runner
 from speclite.bench.sweep import build_sweep, parse_ks, parse_methods, parse_quants
 from speclite.engine.memory import model_bytes
 from speclite.errors import SpecliteError
-from speclite.model.loader import resolve_device, resolve_dtype
+from speclite.model.loader import read_config, resolve_device, resolve_dtype
 from speclite.speculate import METHODS, get_method
 
 
@@ -83,6 +83,19 @@ def _drafts_for(o: BenchOptions, draft: str | None, methods: list[str]) -> dict[
             for m in methods}
 
 
+def _random_drafts(o: BenchOptions, target_dir: Path, root: Path, dtype, methods: list[str]) -> dict[str, Path]:
+    """With --synthetic: a random draft of the published shape for each method whose draft is not a
+    decoder and that can write one (an EAGLE-3 head, a DFlash drafter); the others run with
+    --synthetic-draft."""
+    target_cfg, made = read_config(target_dir), {}
+    for m in methods:
+        method = get_method(m)
+        if method.random_draft is not None and not method.loads_draft_model(o.method_options or {}, None):
+            made[m] = root / f"{m}-draft"
+            method.random_draft(target_cfg, made[m], dtype, o.draft_layers or o.layers)
+    return made
+
+
 def run_bench(o: BenchOptions, on_start=None, on_run=None) -> dict:
     """Everything measured, as the JSON document `speclite bench --json` writes."""
     check_options(o)
@@ -111,6 +124,11 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
                 Path(tmp), o.synthetic, o.synthetic_draft, o.layers, dtype, o.draft_layers or o.layers)
             model, draft = str(target_dir), (str(draft_dir) if draft_dir else None)
         drafts = _drafts_for(o, draft, methods or [m.name for m in METHODS.values() if m.in_default_sweep])
+        labels = {draft: f"synthetic {o.synthetic_draft}"} if o.synthetic and draft else {}  # not a temporary path
+        if o.synthetic:
+            for m, made in _random_drafts(o, target_dir, Path(tmp), dtype, list(drafts)).items():
+                drafts[m] = str(made)
+                labels[str(made)] = f"random {m} draft"
         if not o.sp_types:
             methods = [m for m, d in drafts.items() if d or not get_method(m).needs_draft]
         missing = [m for m in methods if get_method(m).needs_draft and drafts[m] is None]
@@ -134,7 +152,7 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         records = runner.run(o.repeats, on_run)
         peak_rss = process_peak_rss_bytes()
         rows = summarise(runner.configs, records, runner.peak_bytes)
-        shown = {d: f"synthetic {o.synthetic_draft}" if o.synthetic else d for d in used}  # not a temporary path
+        shown = {d: labels.get(d, d) for d in used}
         for row in rows:
             row["draft"] = shown.get(row["draft"])
         bandwidth = copy_bandwidth(device)

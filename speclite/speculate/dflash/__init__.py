@@ -15,6 +15,7 @@ from pathlib import Path
 from speclite.speculate.dflash.draft import DFlashDraft
 from speclite.speculate.dflash.load import load_drafter
 from speclite.speculate.dflash.proposer import DFlashProposer
+from speclite.speculate.dflash.save import random_drafter
 from speclite.speculate.pard import MASK_TOKEN
 from speclite.speculate.registry import BuildContext, Method, register
 
@@ -40,5 +41,5 @@ def _build(ctx: BuildContext) -> DFlashProposer:
 register(Method(
     "dflash", _build, "a DFlash drafter proposes a block of k drafts in one forward from the target's states (--draft DIR)",
     options=(MASK_TOKEN,), needs_draft=True, draft_is_model=False, needs_target=True, flat_draft_cost=True,
-    in_default_sweep=False, default_k=lambda proposer: proposer.draft.block_size - 1,
+    in_default_sweep=False, default_k=lambda proposer: proposer.draft.block_size - 1, random_draft=random_drafter,
 ))

@@ -10,6 +10,7 @@ from pathlib import Path
 from speclite.speculate.eagle3.head import Eagle3Head
 from speclite.speculate.eagle3.load import load_head
 from speclite.speculate.eagle3.proposer import Eagle3Proposer
+from speclite.speculate.eagle3.save import random_head
 from speclite.speculate.eagle_tree import TREE_OPTIONS, check_tree, tree_args
 from speclite.speculate.registry import BuildContext, Method, register
 
@@ -36,4 +37,5 @@ register(Method(
     "eagle3", _build, "an EAGLE-3 head drafts a chain or a tree from the target's hidden states (--draft HEAD_DIR)",
     options=TREE_OPTIONS,
     needs_draft=True, draft_is_model=False, needs_target=True, check=check_tree, in_default_sweep=False,
+    random_draft=random_head,
 ))
