@@ -55,8 +55,10 @@ def test_disagreeing_draft_is_still_exact(pair, stranger, plain_outputs):
 
 def test_static_steps_are_exact(pair, plain_outputs):
     llm = LLM(pair[0], {"method": "vanilla", "model": str(pair[1]), "num_speculative_tokens": 3}, static=True)
+    plain = LLM(pair[0], static=True)  # plain greedy decoding steps one by one there: no chunks
     for prompt in PROMPTS[:3]:
         assert llm.generate(prompt, GREEDY)[0].token_ids == plain_outputs[prompt]
+        assert plain.generate(prompt, GREEDY)[0].token_ids == plain_outputs[prompt]
 
 
 @pytest.mark.parametrize("scheme", ["int4", "w8a8", "fp8-block", "nf4"])

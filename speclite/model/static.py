@@ -36,6 +36,11 @@ class StaticDecoder:
     def __call__(self, tokens: torch.Tensor, cache: KVCache, num_logits: int | None = None) -> torch.Tensor:
         return self.step(tokens, cache, num_logits).logits
 
+    def greedy_chain(self, token: int, cache: KVCache, steps: int, vocab: int) -> None:
+        """Declines (see Transformer.greedy_chain): plain greedy decoding then runs its fixed-shape
+        steps one by one, each a graph replay on CUDA."""
+        return None
+
     def step(self, tokens: torch.Tensor, cache: KVCache, num_logits: int | None = None, tree: Tree | None = None,
              wants: Wants = NOTHING) -> Step:
         t, start = tokens.shape[0], cache.length

@@ -1,0 +1,166 @@
+"""On a CUDA GPU: every Triton kernel compiled (not interpreted) against its torch path, and greedy
+speculative output equal to plain decoding for each method, dynamic and CUDA-graph (--static) steps,
+float32 and quantized. Marked `cuda`: skipped without a GPU; run alone with `pytest -m cuda` (the
+kernel modules of the CPU suite switch Triton to its interpreter when they are imported, so a
+`-m cuda` session does not collect them: tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import speclite
+from speclite import LLM, SamplingParams
+from speclite import kernels
+from speclite.kernels import dispatch
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available() or not dispatch.triton_available(),
+                                 reason="needs a CUDA GPU and triton")]
+
+ROWS = [1, 2, 5, 9]  # a decode step and k + 1 = 2..9 verification rows
+GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
+
+
+def both_paths(fn, *args):
+    """fn's output through the Triton kernel and through its torch path, on the same CUDA tensors."""
+    kernel = fn(*args)
+    kernels.force_torch(True)
+    try:
+        reference = fn(*args)
+    finally:
+        kernels.force_torch(False)
+    return kernel, reference
+
+
+def cuda_gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("k,n,group,act_order", [(896, 4864, 128, False), (4864, 896, 128, True), (264, 40, 8, False)])
+def test_w4a16_kernel_equals_its_torch_path(m, k, n, group, act_order):
+    g = cuda_gen(m + k)
+    groups = -(-k // group)
+    qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), generator=g, device="cuda", dtype=torch.int64).to(torch.int32)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (groups, n // 8), generator=g, device="cuda",
+                           dtype=torch.int64).to(torch.int32)
+    scales = (torch.rand(groups, n, generator=g, device="cuda") * 0.02 + 0.005).half()
+    g_idx = (torch.randperm(k, generator=g, device="cuda") // group).int() if act_order else None
+    for dtype in (torch.float16, torch.bfloat16):
+        x = (torch.randn(m, k, generator=g, device="cuda") * 0.5).to(dtype)
+        y, ref = both_paths(kernels.w4a16_gemm, x, qweight, qzeros, scales, g_idx, group)
+        assert y.dtype == dtype and y.shape == (m, n)
+        torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().mean().item())
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("k,n", [(896, 4864), (3584, 512), (200, 136)])
+def test_fp8_block_kernel_equals_its_torch_path(m, k, n):
+    if not dispatch.fp8_dot_supported(torch.empty(0, device="cuda")):
+        pytest.skip("fp8 tl.dot needs compute capability 8.9")
+    g = cuda_gen(m * 7 + k)
+    weight = (torch.randn(n, k, generator=g, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    scale_inv = torch.rand(-(-n // 128), -(-k // 128), generator=g, device="cuda") * 0.01 + 0.001
+    x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    (xq, xs), (xq_ref, xs_ref) = both_paths(kernels.per_token_group_quant_fp8, x, 128)
+    torch.testing.assert_close(xq.float(), xq_ref.float())
+    torch.testing.assert_close(xs, xs_ref)
+    y, ref = both_paths(kernels.fp8_block_gemm, x, weight, scale_inv)
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().mean().item())
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("k,n", [(896, 4864), (4864, 896), (200, 136)])
+def test_int8_kernel_equals_its_torch_path(m, k, n):
+    g = cuda_gen(m * 11 + k)
+    weight = torch.randint(-127, 128, (n, k), generator=g, device="cuda", dtype=torch.int8)
+    scale = torch.rand(n, 1, generator=g, device="cuda") * 0.01 + 0.001
+    x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    (q, sx), (q_ref, sx_ref) = both_paths(kernels.per_token_quant_int8, x)
+    assert torch.equal(q, q_ref)
+    torch.testing.assert_close(sx, sx_ref)
+    y, ref = both_paths(kernels.int8_gemm, x, weight, scale)
+    # Integer dot products are exact: only the epilogue's rounding may differ.
+    torch.testing.assert_close(y.float(), ref.float(), rtol=1e-2, atol=1e-2 * ref.float().abs().mean().item())
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_verify_kernels_equal_their_torch_paths(k):
+    g = cuda_gen(k)
+    vocab = 151936
+    for trial in range(20):
+        logits = torch.randn(k + 1, vocab, generator=g, device="cuda")
+        best = logits.argmax(-1)
+        accepted = trial % (k + 1)  # every acceptance length, then a draft that differs
+        drafts = best[:k].clone()
+        if accepted < k:
+            drafts[accepted] = (drafts[accepted] + 1) % vocab
+        (n, token), (n_ref, token_ref) = both_paths(kernels.verify_greedy, drafts, logits)
+        assert int(n) == int(n_ref) == accepted and int(token) == int(token_ref)
+        p = torch.softmax(logits * 2, -1)
+        q = torch.softmax(torch.randn(k, vocab, generator=g, device="cuda") * 2, -1)
+        u = torch.rand(k, generator=g, device="cuda")
+        r = torch.rand((), generator=g, device="cuda")
+        out, ref = both_paths(kernels.verify_rejection, drafts, q, p, u, r)
+        assert [int(v) for v in out] == [int(v) for v in ref]
+    probs = torch.softmax(torch.randn(vocab, generator=g, device="cuda"), -1)
+    for u in (0.0, 0.3, 0.999999):
+        a, b = both_paths(kernels.sample_probs, probs, u)
+        assert int(a) == int(b)
+
+
+# Every method with the draft trained for it on the embedded pair (models.toml), so drafts are
+# accepted often, partly and not at all, and the equality below proves something.
+METHODS = ["naive", "vanilla", "deterministic", "suffix", "eagle3", "mtp", "hybrid", "medusa", "pard", "dflash"]
+
+
+def heldout_prompts(n: int = 4) -> list[str]:
+    path = Path(speclite.__file__).parent / "assets" / "heldout_prompts.jsonl"
+    return [json.loads(line)["prompt"] for line in path.read_text().splitlines()[:n]]
+
+
+@pytest.fixture(scope="module")
+def plain_cuda():
+    """Plain decoding's tokens with dynamic steps (False) and with CUDA-graph steps (True)."""
+    outputs = {}
+    for static in (False, True):
+        llm = LLM("tiny-code", device="cuda", dtype="float32", static=static)
+        outputs[static] = {p: llm.generate(p, GREEDY)[0].token_ids for p in heldout_prompts()}
+    return outputs
+
+
+def test_cuda_graph_steps_give_the_dynamic_steps_tokens(plain_cuda):
+    assert plain_cuda[True] == plain_cuda[False]
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_speculation_equals_plain_on_cuda(plain_cuda, method, k, static):
+    llm = LLM("tiny-code", {"method": method, "num_speculative_tokens": k}, device="cuda", dtype="float32",
+              static=static)
+    outs = [llm.generate(prompt, GREEDY)[0] for prompt in heldout_prompts()]
+    for prompt, out in zip(heldout_prompts(), outs):
+        assert out.token_ids == plain_cuda[static][prompt], (method, k, static, prompt)
+    if method != "naive":
+        assert sum(o.aux_info["accept_rate"] for o in outs) > 0, method
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("scheme", ["int4", "w8a8", "fp8-block"])
+def test_quantized_target_and_draft_are_exact_on_cuda(scheme, static):
+    """A quantized target's speculative output equals its own plain decoding (the verify pass runs
+    the same kernels on k + 1 rows), with the draft quantized too."""
+    if scheme == "fp8-block" and not dispatch.fp8_dot_supported(torch.empty(0, device="cuda")):
+        pytest.skip("fp8 tl.dot needs compute capability 8.9")
+    plain = LLM("tiny-code", device="cuda", dtype="bfloat16", quant=scheme, static=static)
+    for method in ("vanilla", "eagle3"):
+        spec = LLM("tiny-code", {"method": method, "num_speculative_tokens": 4, "quantization": scheme},
+                   device="cuda", dtype="bfloat16", quant=scheme, static=static)
+        for prompt in heldout_prompts():
+            assert spec.generate(prompt, GREEDY)[0].token_ids == plain.generate(prompt, GREEDY)[0].token_ids, \
+                (method, prompt)
