@@ -9,6 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from speclite.model.loader import weight_files
+from speclite.model.validate import DTYPE_BYTES
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
@@ -72,12 +73,8 @@ def _corrupt(where, e: Exception):
     return SpecliteError(f"{where} is corrupt or truncated ({e}); delete it and download it again")
 
 
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
-
-
 def _element_bytes(dtype: str) -> int:
-    return _DTYPE_BYTES.get(str(dtype).upper(), 4)
+    return DTYPE_BYTES.get(str(dtype).upper(), 4)
 
 
 def _numel(shape) -> int:
