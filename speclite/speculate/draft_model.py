@@ -69,21 +69,31 @@ class DraftModelProposer(Proposer):
         self.drafts, probs = [], []
         with torch.inference_mode():
             logits = self._next_logits(pending)
+            if self.ctx.params.greedy:
+                self.drafts = self._greedy(logits, k)
+                return Proposal(self.drafts)
             for i in range(k):
                 token, q = draw(logits, self.ctx)
                 self.drafts.append(token)
-                if q is not None:
-                    probs.append(q)
-                if i == k - 1:
-                    break
-                # Greedy: the rest of the chain in one call where the model can (the same tokens).
-                chain = self.ctx.params.greedy and getattr(self.model, "greedy_chain", None)
-                rest = chain and chain(token, self.cache, k - 1 - i, self.target_vocab)
-                if rest:
-                    self.drafts += rest
-                    break
-                logits = self._next_logits([token])
-        return Proposal(self.drafts, torch.stack(probs) if probs else None)
+                probs.append(q)
+                if i < k - 1:
+                    logits = self._next_logits([token])
+        return Proposal(self.drafts, torch.stack(probs))
+
+    def _greedy(self, logits: torch.Tensor, k: int) -> list[int]:
+        """k argmax drafts after the first draft's logits: on the CPU the rest in one C call where the
+        model has one; else step by step, each argmax fed back as a device tensor and all k read at
+        the end (no host sync between the steps: a GPU replays them back to back)."""
+        token = logits.argmax(-1, keepdim=True)  # the first of equal maxima, as sampling.argmax
+        if k > 1 and token.device.type == "cpu":
+            rest = self.model.greedy_chain(int(token), self.cache, k - 1, self.target_vocab)
+            if rest:
+                return [int(token)] + rest
+        drafts = [token]
+        for _ in range(k - 1):
+            token = over_vocab(self.model(token, self.cache, num_logits=1)[-1], self.target_vocab).argmax(-1, keepdim=True)
+            drafts.append(token)
+        return torch.cat(drafts).tolist()
 
     def observe(self, tokens: list[int], states=None) -> None:
         # The cache holds the sequence plus the drafts fed back in (or lags it, when no drafts

@@ -30,6 +30,12 @@ TYPICAL_EPSILON = 0.09
 TYPICAL_DELTA = 0.3  # sqrt(epsilon)
 
 
+def _read(accepted: torch.Tensor, token: torch.Tensor) -> tuple[list[int], int]:
+    """A fused kernel's verdict (0-dim tensors) as (path, next token), in one read from the device."""
+    accepted, token = torch.stack([accepted, token]).tolist()
+    return list(range(accepted)), token
+
+
 def _walk(proposal: Proposal, step) -> tuple[list[int], int]:
     """Descend from the committed token: step(node, children) -> the child that stands, or
     (None, the token that follows)."""
@@ -48,8 +54,7 @@ def greedy(proposal, logits, params, generator) -> tuple[list[int], int]:
     if proposal.is_chain and logits.device.type != "cpu":
         # One fused kernel and one host sync; on the CPU its torch ops cost more than the walk below.
         drafts = torch.tensor(proposal.tokens, dtype=torch.long, device=logits.device)
-        accepted, token = kernels.verify_greedy(drafts, logits)
-        return list(range(int(accepted))), int(token)
+        return _read(*kernels.verify_greedy(drafts, logits))
     best = row_argmaxes(logits)
 
     def step(node, children):
@@ -80,8 +85,7 @@ def rejection(proposal, logits, params, generator) -> tuple[list[int], int]:
     if proposal.is_chain:
         drafts = torch.tensor(proposal.tokens, dtype=torch.long, device=logits.device)
         uniforms = torch.rand(len(drafts), generator=generator, device=generator.device)
-        accepted, token = kernels.verify_rejection(drafts, proposal.probs, p_all, uniforms, uniform(generator))
-        return list(range(int(accepted))), int(token)
+        return _read(*kernels.verify_rejection(drafts, proposal.probs, p_all, uniforms, uniform(generator)))
 
     def step(node, children):
         p = p_all[node + 1]
