@@ -21,7 +21,7 @@ from torch import nn
 
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
-from speclite.sampling import argmax, sample, uniform, warp
+from speclite.sampling import sample, uniform, warp
 from speclite.speculate.base import Proposal, Proposer, RequestContext
 from speclite.speculate.eagle3.head import Eagle3Head
 
@@ -94,10 +94,12 @@ class Eagle3Proposer(Proposer):
             kept = self.pending[: first - self.committed] if self.pending is not None else fused[:0]
             self.pending = torch.cat([kept, fused])
 
-    def _step(self, tokens: list[int], hidden: torch.Tensor, positions: list[int], mask=None):
+    def _step(self, tokens: list[int] | torch.Tensor, hidden: torch.Tensor, positions: list[int] | torch.Tensor,
+              mask=None):
+        """The head's (logits, states) for these rows; tokens and positions may already be device tensors."""
         device = hidden.device
-        embeds = self.embed(torch.tensor(tokens, device=device))
-        return self.head(embeds.to(hidden.dtype), hidden, torch.tensor(positions, device=device), self.cache, mask)
+        embeds = self.embed(torch.as_tensor(tokens, device=device))
+        return self.head(embeds.to(hidden.dtype), hidden, torch.as_tensor(positions, device=device), self.cache, mask)
 
     def propose(self, k: int) -> Proposal:
         # Pending rows whose next token is known are the target's pairs: they join the committed cache.
@@ -122,24 +124,26 @@ class Eagle3Proposer(Proposer):
             return self._tree(logits[-1], state[-1:], min(k, (self.num_draft_tokens or k + 1) - 1), room)
 
     def _chain(self, logits, state, k: int) -> Proposal:
-        """k drafts, step by step: the head's argmax when greedy (the topk-1 tree's drafts, without
-        its masks and log-probabilities), else drawn from its warped distributions, which come back
-        for rejection sampling."""
+        """k drafts, step by step: drawn from the head's warped distributions, which come back for
+        rejection sampling; when greedy, its argmaxes (the topk-1 tree's drafts, without its masks
+        and log-probabilities), each fed back as a device tensor and all k read at the end (no host
+        sync between a GPU's steps)."""
         params, gen = self.ctx.params, self.ctx.generator
+        if params.greedy:
+            drafts = [self.head.target_ids[logits.argmax(-1, keepdim=True)]]  # the first of equal maxima
+            for position in range(self.committed, self.committed + k - 1):
+                logits, state = self._step(drafts[-1], state, torch.arange(position, position + 1, device=state.device))
+                drafts.append(self.head.target_ids[logits[-1].argmax(-1, keepdim=True)])
+            return Proposal(torch.cat(drafts).tolist())
         drafts, probs = [], []
         for i in range(k):
-            if params.greedy:
-                token = int(self.head.target_ids[argmax(logits)])
-            else:
-                q = warp(self.head.to_target(logits, self.target_vocab), params)
-                token = sample(q, uniform(gen))
-                probs.append(q)
-            drafts.append(token)
-            if i == k - 1:
-                break
-            logits, state = self._step([token], state, [self.committed + i])
-            logits = logits[-1]
-        return Proposal(drafts, torch.stack(probs) if probs else None)
+            q = warp(self.head.to_target(logits, self.target_vocab), params)
+            drafts.append(sample(q, uniform(gen)))
+            probs.append(q)
+            if i < k - 1:
+                logits, state = self._step(drafts[-1:], state, [self.committed + i])
+                logits = logits[-1]
+        return Proposal(drafts, torch.stack(probs))
 
     def _tree(self, logits, state, budget: int, room: int) -> Proposal:
         topk = min(self.topk, logits.shape[-1])
