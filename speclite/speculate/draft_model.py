@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from speclite.sampling import argmax, sample, uniform, warp
+from speclite.sampling import row_argmaxes, sample, uniform, warp
 from speclite.model import Transformer
 from speclite.model.kv_cache import shared_prefix
 from speclite.speculate.base import Proposal, Proposer, RequestContext
@@ -19,13 +19,20 @@ def over_vocab(logits: torch.Tensor, v: int) -> torch.Tensor:
     return torch.cat([logits, logits.new_full((*logits.shape[:-1], v - logits.shape[-1]), float("-inf"))], dim=-1)
 
 
-def draw(logits: torch.Tensor, ctx: RequestContext) -> tuple[int, torch.Tensor | None]:
-    """One draft from its logits: the argmax when greedy, else a sample from the warped
-    distribution (returned too, for rejection sampling) with the request's generator."""
-    if ctx.params.greedy:
-        return argmax(logits), None
+def draw(logits: torch.Tensor, ctx: RequestContext) -> tuple[int, torch.Tensor]:
+    """One sampled draft from its logits: a draw from the warped distribution (returned too, for
+    rejection sampling) with the request's generator."""
     q = warp(logits, ctx.params)
     return sample(q, uniform(ctx.generator)), q
+
+
+def draw_rows(logits: torch.Tensor, ctx: RequestContext) -> Proposal:
+    """One draft from each row of logits [k, V] (a parallel drafter's block): the rows' argmaxes, read
+    in one go, when greedy; else each drawn as draw() does, the distributions kept."""
+    if ctx.params.greedy:
+        return Proposal(row_argmaxes(logits))
+    drafts = [draw(row, ctx) for row in logits]
+    return Proposal([token for token, _ in drafts], torch.stack([q for _, q in drafts]))
 
 
 class DraftModelProposer(Proposer):

@@ -20,7 +20,7 @@ from speclite.errors import SpecliteError
 from speclite.model import Transformer
 from speclite.model.loader import read_config
 from speclite.speculate.base import Proposal
-from speclite.speculate.draft_model import DraftModelProposer, draw, over_vocab
+from speclite.speculate.draft_model import DraftModelProposer, draw_rows, over_vocab
 from speclite.speculate.registry import BuildContext, Method, Option, register
 
 # Where checkpoints name their mask token: amd/PARD-* (and vLLM) `pard_token`, TensorRT-LLM `mask_token_id`.
@@ -48,9 +48,7 @@ class ParallelDraftProposer(DraftModelProposer):
         with torch.inference_mode():
             logits = over_vocab(self.model(ids, self.cache, num_logits=k), self.target_vocab)
             self.cache.rollback(committed)
-            drafts = [draw(row, self.ctx) for row in logits]
-        probs = [q for _, q in drafts if q is not None]
-        return Proposal([t for t, _ in drafts], torch.stack(probs) if probs else None)
+            return draw_rows(logits, self.ctx)
 
     def observe(self, tokens: list[int], states=None) -> None:
         self.tokens.extend(tokens)  # the cache holds committed tokens only: the new ones go in next propose

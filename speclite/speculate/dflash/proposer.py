@@ -18,7 +18,7 @@ from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
 from speclite.speculate.base import Proposal, Proposer, RequestContext
 from speclite.speculate.dflash.draft import DFlashDraft
-from speclite.speculate.draft_model import draw
+from speclite.speculate.draft_model import draw_rows
 
 
 class DFlashProposer(Proposer):
@@ -91,6 +91,4 @@ class DFlashProposer(Proposer):
             hidden = self.draft(self.pending[:need], embeds, self.cache)
             self.pending = self.pending[need:]
             logits = self.lm_head(hidden[1:])  # the target's head: the target's vocabulary
-            drafts = [draw(row, self.ctx) for row in logits]
-        probs = [q for _, q in drafts if q is not None]
-        return Proposal([t for t, _ in drafts], torch.stack(probs) if probs else None)
+            return draw_rows(logits, self.ctx)
