@@ -97,14 +97,19 @@ def test_accept_all_emits_k_plus_one_tokens_per_iteration(pair, tmp_path):
     assert vanilla["output_tokens"] == 9 * 3
 
 
-def test_synthetic_pair_with_roofline(tmp_path):
-    # A real config's layout with small dimensions keeps the test quick; shipped names work the same.
+def small_synthetic_config(tmp_path):
+    """A real config's layout with small dimensions keeps a test quick; shipped names work the same."""
     from speclite.synthetic import synthetic_config
 
     cfg = synthetic_config("qwen2.5-0.5b") | {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
                                               "num_key_value_heads": 2, "vocab_size": 8192}
     path = tmp_path / "small.json"
     path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_synthetic_pair_with_roofline(tmp_path):
+    path = small_synthetic_config(tmp_path)
     out = tmp_path / "s.json"
     text = bench("--synthetic", path, "--synthetic-draft", path, "--layers", 1, "--sp-type", "vanilla", "--k", 3,
                  "--accept-policy", "accept_all", "--max-new-tokens", 8, "--prompts", "builtin:chat", *FAST,
@@ -123,12 +128,7 @@ def test_synthetic_pair_with_roofline(tmp_path):
 def test_synthetic_target_runs_heads_and_drafters_of_the_published_shape(tmp_path):
     # eagle3 and dflash get a random head / drafter built for the synthetic target; vanilla the
     # --synthetic-draft decoder.
-    from speclite.synthetic import synthetic_config
-
-    cfg = synthetic_config("qwen2.5-0.5b") | {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-                                              "num_key_value_heads": 2, "vocab_size": 8192}
-    path = tmp_path / "small.json"
-    path.write_text(json.dumps(cfg))
+    path = small_synthetic_config(tmp_path)
     out = tmp_path / "s.json"
     bench("--synthetic", path, "--synthetic-draft", path, "--layers", 2, "--sp-type", "eagle3,dflash,vanilla",
           "--k", 3, "--accept-policy", "accept_all", "--max-new-tokens", 8, "--prompts", "builtin:chat", *FAST,
