@@ -1,11 +1,16 @@
-"""Plain decode tokens/s: speclite next to transformers' generate, same model, same run.
+"""Plain decode tokens/s against the bandwidth roofline, and next to transformers' generate, same run.
 
     python benchmarks/decode.py --synthetic qwen2.5-0.5b --dtype bfloat16 --max-new-tokens 64
     python benchmarks/decode.py --model tiny-code --dtype float32
-    python benchmarks/decode.py --synthetic qwen2.5-7b --device cuda --static   # GPU, CUDA graphs
+    python benchmarks/decode.py --synthetic qwen2.5-7b --device cuda --static --quant none,int4,fp8-block
 
-Both decode greedily the same random prompt for the same number of tokens (EOS ignored); the
-median over --repeats interleaved runs is reported, and the ratio speclite / transformers.
+Each target (--quant: the model as loaded, and each load-time scheme) and transformers decode
+greedily the same random prompt for the same number of tokens (EOS ignored), the runs interleaved;
+the median over --repeats is reported. Per target: tokens/s, the weight bytes it reads per step
+(speclite.engine.memory.step_bytes) and the fraction of the roofline reached (weight bytes / copy
+bandwidth, measured in the same run, is the fastest a batch-1 step can be). transformers runs its
+dynamic cache and, with --hf-static, its static cache with torch.compile where that works (a
+failure is one line of output, not the end of the run).
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ import time
 import torch
 
 from speclite import hub
+from speclite.bench.roofline import copy_bandwidth
 from speclite.bench.runner import sync
 from speclite.engine.loop import Request, decode
-from speclite.sampling import SamplingParams
+from speclite.engine.memory import step_bytes
 from speclite.model import load_model
 from speclite.model.loader import resolve_device, resolve_dtype
+from speclite.quant import quantize_model
+from speclite.sampling import SamplingParams
 from speclite.synthetic import build_synthetic
 
 
@@ -42,16 +50,28 @@ def time_speclite(model, prompt, n, device, static) -> float:
     return n / (time.perf_counter() - start)
 
 
-def time_transformers(model, prompt, n, device) -> float:
+def time_transformers(model, prompt, n, device, static: bool) -> float:
     ids = torch.tensor([prompt], device=device)
+    extra = {"cache_implementation": "static"} if static else {}
     sync(device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                             min_new_tokens=n, pad_token_id=0)
+                             min_new_tokens=n, pad_token_id=0, **extra)
     sync(device)
     assert out.shape[1] - len(prompt) == n
     return n / (time.perf_counter() - start)
+
+
+def load_transformers(model_dir, dtype, device, static: bool):
+    """transformers' model; with `static`, its forward compiled (CUDA only: torch.compile's CPU
+    path needs a C++ toolchain per graph and is no yardstick there)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+    if static and device.type == "cuda":
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    return model
 
 
 def main():
@@ -62,51 +82,73 @@ def main():
     ap.add_argument("--layers", type=int, default=None, help="synthetic: fewer layers, for a quicker run")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--quant", default="none", help="comma list of targets: none (as loaded) and load-time schemes "
+                    "(int4, w8a8, fp8-block, int4/w8a8, ...)")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--static", action="store_true", help="static-shape decode step (CUDA graph on CUDA)")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--hf-static", action="store_true",
+                    help="also transformers with its static cache (and torch.compile on CUDA)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    schemes = [s.strip() for s in args.quant.split(",") if s.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_synthetic(args.synthetic, tmp, layers=args.layers, dtype=dtype) if args.synthetic \
             else hub.resolve(args.model)
-        ours = load_model(model_dir, device=device, dtype=dtype)
-        theirs = None
+        ours = {}
+        for scheme in schemes:
+            model = load_model(model_dir, device=device, dtype=dtype)
+            if scheme != "none":
+                quantize_model(model, scheme)
+            ours[scheme] = model
+        theirs = {}
         if not args.skip_transformers:
-            from transformers import AutoModelForCausalLM
-
-            theirs = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
-        vocab = ours.args.vocab_size
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist()
+            theirs["transformers generate"] = (load_transformers(model_dir, dtype, device, False), False)
+            if args.hf_static:
+                theirs["transformers generate, static cache" + (" + torch.compile" if device.type == "cuda" else "")] = (
+                    load_transformers(model_dir, dtype, device, True), True)
+        vocab = next(iter(ours.values())).args.vocab_size
+        prompt = torch.randint(0, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
         n = args.max_new_tokens
-        weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
-        # Warm-up both (allocations, CUDA graph capture, lazy init), then interleave the timed runs.
-        time_speclite(ours, prompt, min(n, 8), device, args.static)
-        if theirs is not None:
-            time_transformers(theirs, prompt, min(n, 8), device)
-        ours_tps, theirs_tps = [], []
+        # Warm-up every runner (allocations, CUDA graph capture, compilation), then interleave the timed runs.
+        runners = {f"speclite {s}" + (" (static)" if args.static else ""):
+                   (lambda m=m: time_speclite(m, prompt, n, device, args.static)) for s, m in ours.items()}
+        for label, (model, static) in theirs.items():
+            runners[label] = lambda m=model, st=static: time_transformers(m, prompt, n, device, st)
+        for label, run in list(runners.items()):
+            try:
+                run()
+            except Exception as e:  # transformers' compile "where that works": say why, keep the rest
+                print(f"{label}: not run ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+                del runners[label]
+        speeds = {label: [] for label in runners}
         for _ in range(args.repeats):
-            ours_tps.append(time_speclite(ours, prompt, n, device, args.static))
-            if theirs is not None:
-                theirs_tps.append(time_transformers(theirs, prompt, n, device))
+            for label, run in runners.items():
+                speeds[label].append(run())
+        bandwidth = copy_bandwidth(device)
     name = args.synthetic or args.model
-    print(f"model {name} ({weight_bytes / 1e9:.2f} GB of weights, {str(dtype).removeprefix('torch.')}), "
-          f"{device.type}, {torch.get_num_threads()} threads, prompt {args.prompt_len}, {n} new tokens, "
-          f"median of {args.repeats}")
-    ours_med = statistics.median(ours_tps)
-    print(f"speclite{' (static)' if args.static else ''}: {ours_med:8.2f} tok/s   "
-          f"({weight_bytes / 1e9 * ours_med:.1f} GB/s of weights)")
-    if theirs_tps:
-        theirs_med = statistics.median(theirs_tps)
-        print(f"transformers generate: {theirs_med:8.2f} tok/s")
-        print(f"ratio speclite / transformers: {ours_med / theirs_med:.2f}x")
+    print(f"model {name} ({str(dtype).removeprefix('torch.')}), {device.type}"
+          f"{' ' + torch.cuda.get_device_name(device) if device.type == 'cuda' else ''}, "
+          f"{torch.get_num_threads()} threads, prompt {args.prompt_len}, {n} new tokens, median of {args.repeats}; "
+          f"copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    best_hf = max((statistics.median(v) for label, v in speeds.items() if label.startswith("transformers")), default=None)
+    for label, values in speeds.items():
+        tps = statistics.median(values)
+        line = f"{label:52s} {tps:9.2f} tok/s"
+        scheme = label.split()[1] if label.startswith("speclite") else None
+        if scheme is not None:
+            weights = step_bytes(ours[scheme])
+            line += (f"  {weights / 1e9:6.2f} GB of weights, {weights * tps / 1e9:7.1f} GB/s = "
+                     f"{weights * tps / bandwidth:.2f} of the roofline")
+            if best_hf:
+                line += f", {tps / best_hf:.2f}x transformers' best"
+        print(line)
 
 
 if __name__ == "__main__":

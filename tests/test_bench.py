@@ -14,11 +14,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from conftest import save_model
 from speclite.bench.prompts import BUILTIN, WORKLOADS, load_prompts
 from speclite.bench.runner import BenchModels, Runner
 from speclite.bench.sweep import BenchConfig, build_sweep, parse_ks, parse_methods
 from speclite.cli import cli
+from speclite.engine.memory import model_bytes, step_bytes
 from speclite.errors import SpecliteError
+from speclite.model import load_model
 from speclite.quant.linear import QuantLinear
 
 CONFIG_FIELDS = {
@@ -235,3 +238,14 @@ def test_draft_quant_reaches_the_heads_a_method_loads_itself(method, draft):
 
     assert quantized(None) == []
     assert quantized("int4") and set(quantized("int4")) == {"Int4Linear"}
+
+
+def test_a_step_reads_every_weight_but_an_untied_embedding(pair, tmp_path):
+    """The roofline's numerator: an untied input embedding gives one row a step; a tied one is the
+    lm_head, read whole."""
+    untied = load_model(pair[0], "cpu", torch.float32)
+    embed = untied.model.embed_tokens.weight
+    assert step_bytes(untied) == model_bytes(untied) - embed.nbytes + embed.shape[1] * 4
+    save_model(tmp_path, "qwen2", tie_word_embeddings=True)
+    tied = load_model(tmp_path, "cpu", torch.float32)
+    assert step_bytes(tied) == model_bytes(tied)

@@ -21,7 +21,7 @@ from speclite.bench.report import summarise
 from speclite.bench.roofline import copy_bandwidth, roofline
 from speclite.bench.runner import BenchModels, Runner
 from speclite.bench.sweep import build_sweep, parse_ks, parse_methods, parse_quants
-from speclite.engine.memory import model_bytes
+from speclite.engine.memory import step_bytes
 from speclite.errors import SpecliteError
 from speclite.model.loader import read_config, resolve_device, resolve_dtype
 from speclite.speculate import METHODS, get_method
@@ -159,7 +159,7 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         rooflines = {}
         for quant, llm in models.llms.items():
             plain = next(r for r in rows if r["method"] == "plain" and r["quant"] == quant)
-            rooflines[quant or ""] = roofline(model_bytes(llm.target), bandwidth, plain["step_s"])
+            rooflines[quant or ""] = roofline(step_bytes(llm.target), bandwidth, plain["step_s"])
     meta = {
         "model": o.synthetic and f"synthetic {o.synthetic}" or o.model,
         "draft": ", ".join(shown.values()) or None,  # every draft the run used; each row names its own

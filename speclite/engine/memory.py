@@ -19,3 +19,17 @@ def model_bytes(model) -> int:
             seen.add(key)
             total += t.untyped_storage().nbytes()
     return total
+
+
+def step_bytes(model) -> int:
+    """Bytes one batch-1 decode step reads: every weight, except that an input embedding not tied
+    to the lm_head gives one row only (the roofline's numerator; model_bytes counts the whole table)."""
+    if not isinstance(model, torch.nn.Module):
+        model = model.model
+    embed = model.model.embed_tokens.weight
+    head = getattr(model, "lm_head", None)
+    tied = head is not None and getattr(head, "weight", None) is not None and \
+        head.weight.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()
+    if tied:
+        return model_bytes(model)
+    return model_bytes(model) - embed.untyped_storage().nbytes() + embed[0].nbytes
