@@ -99,7 +99,8 @@ def main():
     dtype = resolve_dtype(args.dtype, device)
     schemes = [s.strip() for s in args.quant.split(",") if s.strip()]
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_synthetic(args.synthetic, tmp, layers=args.layers, dtype=dtype) if args.synthetic \
+        model_dir = build_synthetic(args.synthetic, tmp, layers=args.layers, dtype=dtype,
+                                    device=device) if args.synthetic \
             else hub.resolve(args.model)
         ours = {}
         for scheme in schemes:

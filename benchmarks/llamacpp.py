@@ -35,12 +35,10 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 

@@ -93,7 +93,7 @@ def main():
         if args.synthetic:
             from speclite.bench.synthetic import build_pair
 
-            target, draft, _ = build_pair(Path(tmp), args.synthetic, args.synthetic_draft, args.layers, dtype)
+            target, draft, _ = build_pair(Path(tmp), args.synthetic, args.synthetic_draft, args.layers, dtype, device=device)
         else:
             target, draft = args.model, args.draft or hub.recommended_draft(args.model, method="vanilla")
         target_dir, draft_dir = hub.resolve(target), hub.resolve(draft)

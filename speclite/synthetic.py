@@ -30,19 +30,21 @@ def synthetic_config(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def random_weights(model: nn.Module, dtype, seed: int, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+def random_weights(model: nn.Module, dtype, seed: int, skip: tuple[str, ...] = (), device="cpu") -> dict[str, torch.Tensor]:
     """Every parameter of `model` but those named in `skip` (built on the meta device: only names and
     shapes are read) as random numbers of std 0.02, the norms' weights at 1, drawn in the order of
-    named_parameters."""
-    gen = torch.Generator().manual_seed(seed)
+    named_parameters by a generator on `device` (a GPU draws a 7B model's in a second, a CPU core
+    takes a minute; the numbers differ between devices), returned on the CPU."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     return {name: torch.ones(p.shape, dtype=dtype) if name.endswith("norm.weight")
-            else (torch.randn(p.shape, generator=gen) * 0.02).to(dtype)
+            else (torch.randn(p.shape, generator=gen, device=device) * 0.02).to(dtype).cpu()
             for name, p in model.named_parameters() if name not in skip}
 
 
 def build_synthetic(name: str, out_dir: str | Path, layers: int | None = None, dtype=torch.bfloat16,
-                    seed: int = 0, tokenizer_from: str | Path | None = None) -> Path:
-    """Write config.json and random safetensors (std 0.02, norms at 1) for config `name` into out_dir."""
+                    seed: int = 0, tokenizer_from: str | Path | None = None, device="cpu") -> Path:
+    """Write config.json and random safetensors (std 0.02, norms at 1; drawn on `device`, see
+    random_weights) for config `name` into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = synthetic_config(name)
@@ -51,7 +53,8 @@ def build_synthetic(name: str, out_dir: str | Path, layers: int | None = None, d
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     with torch.device("meta"):
         model = Transformer(ModelArgs.from_hf(cfg))
-    tensors = random_weights(model, dtype, seed, skip=("lm_head.weight",) if cfg.get("tie_word_embeddings") else ())
+    tensors = random_weights(model, dtype, seed, skip=("lm_head.weight",) if cfg.get("tie_word_embeddings") else (),
+                             device=device)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     if tokenizer_from is not None:

@@ -121,7 +121,7 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
             from speclite.bench.synthetic import build_pair
 
             target_dir, draft_dir, tokenizer_source = build_pair(
-                Path(tmp), o.synthetic, o.synthetic_draft, o.layers, dtype, o.draft_layers or o.layers)
+                Path(tmp), o.synthetic, o.synthetic_draft, o.layers, dtype, o.draft_layers or o.layers, device)
             model, draft = str(target_dir), (str(draft_dir) if draft_dir else None)
         drafts = _drafts_for(o, draft, methods or [m.name for m in METHODS.values() if m.in_default_sweep])
         labels = {draft: f"synthetic {o.synthetic_draft}"} if o.synthetic and draft else {}  # not a temporary path

@@ -51,16 +51,18 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 512) -> Path:
 
 
 def build_pair(root: Path, target: str, draft: str | None, layers: int | None, dtype: torch.dtype,
-               draft_layers: int | None = None) -> tuple[Path, Path | None, str]:
-    """(target_dir, draft_dir or None, where the tokenizer came from)."""
+               draft_layers: int | None = None, device="cpu") -> tuple[Path, Path | None, str]:
+    """(target_dir, draft_dir or None, where the tokenizer came from); the random numbers drawn on
+    `device` (the run's: a GPU draws them fastest)."""
     tokenizer_dir = embedded_tokenizer_dir()
     source = "tiny-code"
     if tokenizer_dir is None:
         tokenizer_dir = make_tokenizer(root / "tokenizer")
         source = "a small BPE trained on the bench prompts"
-    target_dir = build_synthetic(target, root / "target", layers=layers, dtype=dtype, seed=0, tokenizer_from=tokenizer_dir)
+    target_dir = build_synthetic(target, root / "target", layers=layers, dtype=dtype, seed=0, tokenizer_from=tokenizer_dir,
+                                 device=device)
     draft_dir = None
     if draft:
         draft_dir = build_synthetic(draft, root / "draft", layers=draft_layers, dtype=dtype, seed=1,
-                                    tokenizer_from=tokenizer_dir)
+                                    tokenizer_from=tokenizer_dir, device=device)
     return target_dir, draft_dir, source
