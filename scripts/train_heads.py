@@ -51,8 +51,10 @@ from speclite.model.step import Tree, Wants  # noqa: E402
 from speclite.speculate.eagle3.head import Eagle3Head  # noqa: E402
 from speclite.speculate.eagle3.load import load_head  # noqa: E402
 from speclite.speculate.eagle3.save import save_head  # noqa: E402
+from speclite.speculate.medusa.save import save_heads  # noqa: E402
 from speclite.speculate.medusa.head import MedusaHeads  # noqa: E402
 from speclite.speculate.mtp.module import MTPModule  # noqa: E402
+from speclite.speculate.mtp.save import save_module  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parents[1] / "speclite" / "assets"
 EAGLE_LAYERS = (2, 4, 5)  # inputs of these target layers: low, middle, high (the last one's output is not handed out)
@@ -271,24 +273,6 @@ def bf16(tensors: dict) -> dict:
             for k, v in tensors.items()}
 
 
-def save_mtp(module, config, out):
-    tensors = {}
-    for name, value in module.state_dict().items():
-        # DeepSeek-V3 names, the module at index 0: its final norm is shared_head.norm.
-        tensors[name.replace("model.norm.", "model.layers.0.shared_head.norm.")] = value
-    save_file(bf16(tensors), out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}, indent=2) + "\n")
-
-
-def save_medusa(heads, config, out):
-    tensors = {}
-    for i, head in enumerate(heads.heads):  # vLLM's names; no lm_head: the target's
-        tensors[f"blocks.{i}.layers.0.weight"] = head.layers[0].weight
-        tensors[f"blocks.{i}.layers.0.bias"] = head.layers[0].bias
-    save_file(bf16(tensors), out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
 def save_pard(draft, config, source: Path, out):
     for f in source.iterdir():  # tokenizer, template, generation config: the draft's own
         if f.suffix != ".safetensors" and f.name != "README.md":
@@ -444,8 +428,10 @@ def main():
         save_pard(model, config, Path(args.draft), out)
     elif args.method == "eagle3":
         save_head(bf16(model.state_dict()), vocab_ids, config, out)
+    elif args.method == "mtp":
+        save_module(bf16(model.state_dict()), {**config, "dtype": "bfloat16"}, out)
     else:
-        {"mtp": save_mtp, "medusa": save_medusa}[args.method](model, config, out)
+        save_heads(bf16(model.state_dict()), config, out)
     for f in out.iterdir():
         f.chmod(0o644)  # safetensors writes its files private; these ship in the package
     summary = {"method": args.method, "steps": done, "train_seconds": round(train_s),

@@ -129,18 +129,19 @@ def test_synthetic_pair_with_roofline(tmp_path):
 
 
 def test_synthetic_target_runs_heads_and_drafters_of_the_published_shape(tmp_path):
-    # eagle3 and dflash get a random head / drafter built for the synthetic target; vanilla the
-    # --synthetic-draft decoder.
+    # eagle3, dflash, mtp and medusa get a random head / drafter / module built for the synthetic
+    # target; vanilla the --synthetic-draft decoder.
     path = small_synthetic_config(tmp_path)
     out = tmp_path / "s.json"
-    bench("--synthetic", path, "--synthetic-draft", path, "--layers", 2, "--sp-type", "eagle3,dflash,vanilla",
+    bench("--synthetic", path, "--synthetic-draft", path, "--layers", 2, "--sp-type", "eagle3,dflash,mtp,medusa,vanilla",
           "--k", 3, "--accept-policy", "accept_all", "--max-new-tokens", 8, "--prompts", "builtin:chat", *FAST,
           "--json", out)
     data = json.loads(out.read_text())
     assert data["meta"]["drafts"] == {"eagle3": "random eagle3 draft", "dflash": "random dflash draft",
+                                      "mtp": "random mtp draft", "medusa": "random medusa draft",
                                       "vanilla": f"synthetic {path}"}
     rows = {r["label"]: r for r in data["configs"]}
-    for method in ("eagle3", "dflash", "vanilla"):
+    for method in ("eagle3", "dflash", "mtp", "medusa", "vanilla"):
         row = rows[f"{method} k=3 (accept_all)"]
         assert row["avg_tokens_per_iter"] == 4.0 and row["draft_s"] > 0
 

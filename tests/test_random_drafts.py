@@ -1,6 +1,6 @@
-"""Random drafts of the published shapes (what `speclite bench --synthetic` runs eagle3 and dflash
-with): each loads back through its method's own loader, fits its target and has the published
-dimensions; the writers reproduce the shipped trained checkpoints bit for bit."""
+"""Random drafts of the published shapes (what `speclite bench --synthetic` runs eagle3, dflash, mtp
+and medusa with): each loads back through its method's own loader, fits its target and has the
+published dimensions; the writers reproduce the shipped trained checkpoints bit for bit."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ import torch
 from safetensors.torch import load_file
 
 from speclite import hub
+from speclite.model import load_model
 from speclite.model.decoder import ModelArgs
 from speclite.speculate.dflash.load import load_drafter
 from speclite.speculate.dflash.save import random_drafter, save_drafter, target_layer_ids
 from speclite.speculate.eagle3.load import load_head
 from speclite.speculate.eagle3.save import random_head, save_head
-from speclite.synthetic import synthetic_config
+from speclite.speculate.medusa import load_draft as load_medusa
+from speclite.speculate.medusa.save import random_heads, save_heads
+from speclite.speculate.mtp import load_draft as load_mtp
+from speclite.speculate.mtp.save import random_module, save_module
+from speclite.synthetic import build_synthetic, synthetic_config
 
 
 def small_target(layers: int, vocab: int = 40000) -> dict:
@@ -63,17 +68,37 @@ def test_random_dflash_drafter_loads_with_the_published_shape(tmp_path):
     assert len(load_drafter(tmp_path / "two", ModelArgs.from_hf(cfg), "cpu", torch.float32).model.layers) == 2
 
 
+def test_random_mtp_module_and_medusa_heads_load_with_the_published_shape(tmp_path):
+    cfg = small_target(4, vocab=1000)
+    (tmp_path / "target.json").write_text(json.dumps(cfg))
+    target = load_model(build_synthetic(str(tmp_path / "target.json"), tmp_path / "target", dtype=torch.float32), "cpu",
+                        torch.float32)
+    random_module(cfg, tmp_path / "mtp", torch.bfloat16)
+    module = load_mtp(tmp_path / "mtp", target)
+    assert module.model.layers[0].mlp.gate_proj.weight.shape == (96, 64)  # one block of the target's shape
+    assert module.model.layers[0].eh_proj.weight.shape == (64, 128) and module.lm_head is None
+    random_heads(cfg, tmp_path / "medusa", torch.bfloat16)
+    heads = load_medusa(tmp_path / "medusa", target)
+    assert len(heads) == 5 and all(h.lm_head.weight.shape == (1000, 64) for h in heads.heads)  # own heads
+    assert all(len(h.layers) == 1 and h.layers[0].bias is not None for h in heads.heads)
+
+
 def test_the_writers_reproduce_the_shipped_trained_drafts(tmp_path):
     target = ModelArgs.from_hf(json.loads((hub.resolve("tiny-code") / "config.json").read_text()))
-    for name in ("tiny-code-eagle3", "tiny-code-dflash"):
+    model = load_model(hub.resolve("tiny-code"), "cpu", torch.bfloat16)
+    for name in ("tiny-code-eagle3", "tiny-code-dflash", "tiny-code-mtp", "tiny-code-medusa"):
         shipped = hub.resolve(name)
         config = json.loads((shipped / "config.json").read_text())
         out = tmp_path / name
         if name.endswith("eagle3"):
             head = load_head(shipped, target, "cpu", torch.bfloat16)
             save_head(head.state_dict(), head.target_ids, config, out)
-        else:
+        elif name.endswith("dflash"):
             save_drafter(dict(load_drafter(shipped, target, "cpu", torch.bfloat16).named_parameters()), config, out)
+        elif name.endswith("mtp"):
+            save_module(load_mtp(shipped, model).state_dict(), config, out)
+        else:
+            save_heads(load_medusa(shipped, model).state_dict(), config, out)
         a, b = load_file(shipped / "model.safetensors"), load_file(out / "model.safetensors")
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
         assert json.loads((out / "config.json").read_text()) == config

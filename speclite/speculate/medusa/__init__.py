@@ -14,6 +14,7 @@ from speclite.speculate.medusa.head import MedusaHeads
 from speclite.speculate.medusa.load import load_heads
 from speclite.speculate.medusa.proposer import MedusaProposer
 from speclite.speculate.medusa.tree import parse_tree
+from speclite.speculate.medusa.save import random_heads
 from speclite.speculate.registry import BuildContext, Method, Option, register
 
 __all__ = ["MedusaHeads", "MedusaProposer", "load_draft", "load_heads"]
@@ -65,4 +66,5 @@ register(Method(
                "medusa_choices, e.g. [[0],[1],[0,0]], or a file holding one; the first k paths are verified."),
     ),
     needs_draft=True, draft_is_model=False, needs_target=True, check=_check, in_default_sweep=False,
+    random_draft=random_heads,
 ))

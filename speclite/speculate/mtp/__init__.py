@@ -14,6 +14,7 @@ from speclite.speculate.eagle_tree import TREE_OPTIONS, check_tree, tree_args
 from speclite.speculate.mtp.load import load_module
 from speclite.speculate.mtp.module import MTPModule
 from speclite.speculate.mtp.proposer import MTPProposer
+from speclite.speculate.mtp.save import random_module
 from speclite.speculate.registry import BuildContext, Method, register
 
 __all__ = ["MTPModule", "MTPProposer", "load_draft", "load_module"]
@@ -44,5 +45,5 @@ register(Method(
     "mtp", _build,
     "the target's multi-token-prediction module drafts a chain or a tree (its checkpoint's, or --draft DIR)",
     options=TREE_OPTIONS, check=check_tree, draft_is_model=False, draft_optional=True, needs_target=True,
-    in_default_sweep=False,
+    in_default_sweep=False, random_draft=random_module,
 ))
