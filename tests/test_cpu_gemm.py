@@ -171,6 +171,19 @@ def test_a_row_alone_equals_that_row_in_a_batch_bit_for_bit(isa, dtype):
 
 
 @needs_kernels
+def test_a_linear_takes_any_leading_dims_through_the_kernels(isa):
+    """A single state [H] (a Medusa head's input) and stacked rows [n, T, H] go through the same
+    kernel as the rows [M, H]: the same numbers bit for bit, not torch's fallback."""
+    torch.manual_seed(4)
+    lin = Linear(96, 72, bias=True).to(torch.bfloat16)
+    x = torch.randn(3, 5, 96).to(torch.bfloat16)
+    with torch.inference_mode():
+        rows = lin(x.reshape(15, 96)).reshape(3, 5, 72)
+        assert torch.equal(lin(x), rows)
+        assert torch.equal(lin(x[1, 2]), rows[1, 2])
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_activations_are_widened_and_outputs_rounded_like_torch(isa, dtype):
     torch.manual_seed(4)

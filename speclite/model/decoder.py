@@ -158,8 +158,12 @@ class Linear(nn.Linear):
     """nn.Linear on speclite's CPU kernels where they apply (cpu_gemm.module_matrices), else kernels.linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mats = cpu_gemm.module_matrices(x, [self])
-        return cpu_gemm.matmul(x, mats) if mats is not None else kernels.linear(x, self.weight, self.bias)
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the kernels take [M, K]: a state [H] too
+        mats = cpu_gemm.module_matrices(rows, [self])
+        if mats is None:
+            return kernels.linear(x, self.weight, self.bias)
+        y = cpu_gemm.matmul(rows, mats)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
