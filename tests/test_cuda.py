@@ -41,7 +41,7 @@ def cuda_gen(seed: int) -> torch.Generator:
 
 
 @pytest.mark.parametrize("m", ROWS)
-@pytest.mark.parametrize("k,n,group,act_order", [(896, 4864, 128, False), (4864, 896, 128, True), (264, 40, 8, False)])
+@pytest.mark.parametrize("k,n,group,act_order", [(896, 4864, 128, False), (4864, 896, 128, True), (264, 40, 32, False)])
 def test_w4a16_kernel_equals_its_torch_path(m, k, n, group, act_order):
     g = cuda_gen(m + k)
     groups = -(-k // group)
