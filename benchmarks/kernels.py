@@ -1,7 +1,7 @@
 """Kernel benchmarks on one CUDA GPU: speclite's Triton kernels vs torch's own ops.
 
-Shapes are the linear layers of a Qwen2.5-7B-sized decoder (hidden 3584, intermediate 18944,
-4 KV heads of 128) at decode/verify batch M in {1, 4, 8, 16} and one prefill M. Every time is
+Shapes are the linear layers of Qwen2.5-7B- and 0.5B-sized decoders (--shapes) at batch M = 1 (a
+decode step), 2..9 (a verification of k + 1 rows, k = 1..8) and one prefill M. Every time is
 the median of CUDA-event timings with L2 flushed before each rep (small layers would otherwise
 be served from L2). Reported: achieved GB/s against the measured device copy bandwidth,
 TFLOP/s against the measured bf16 matmul rate, and the time ratio to torch's bf16 matmul (for
@@ -17,14 +17,17 @@ import sys
 
 import torch
 
-HIDDEN, INTERMEDIATE, KV = 3584, 18944, 4 * 128
-LAYERS = {  # name: (N, K) of y[M, N] = x[M, K] @ W^T
-    "qkv_proj": (HIDDEN + 2 * KV, HIDDEN),
-    "o_proj": (HIDDEN, HIDDEN),
-    "gate_up_proj": (2 * INTERMEDIATE, HIDDEN),
-    "down_proj": (HIDDEN, INTERMEDIATE),
-}
-DECODE_M = (1, 4, 8, 16)
+SHAPES = {"7b": (3584, 18944, 4 * 128), "0.5b": (896, 4864, 2 * 64)}  # hidden, intermediate, KV width
+
+
+def layers(shape: str) -> dict[str, tuple[int, int]]:
+    """name: (N, K) of y[M, N] = x[M, K] @ W^T for each linear layer of a block of `shape`."""
+    hidden, inter, kv = SHAPES[shape]
+    return {"qkv_proj": (hidden + 2 * kv, hidden), "o_proj": (hidden, hidden),
+            "gate_up_proj": (2 * inter, hidden), "down_proj": (hidden, inter)}
+
+
+DECODE_M = tuple(range(1, 10))
 VOCAB = 152064  # Qwen2.5 vocabulary, for the verification kernels
 
 _flush = None
@@ -94,13 +97,14 @@ def torch_path(fn, *args):
         force_torch(False)
 
 
-def bench_gemms(m_values, reps, bw_gbs, peak_tflops):
+def bench_gemms(shape, m_values, reps, bw_gbs, peak_tflops):
     import speclite.kernels as K
     from speclite.kernels.dispatch import fp8_dot_supported
 
+    print(f"\n{shape} shapes")
     print(f"{'kernel':10} {'layer':13} {'M':>5} {'ms':>8} {'GB/s':>7} {'%bw':>5} {'TFLOP/s':>8} {'%mm':>5} "
           f"{'bf16 ms':>8} {'x bf16':>7} {'vendor ms':>9} {'x vendor':>8} {'rel err':>8}")
-    for name, (n, k) in LAYERS.items():
+    for name, (n, k) in layers(shape).items():
         w_bf16 = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
         made = {"w4a16": make_w4a16(n, k), "w8a8-int8": make_int8(n, k)}
         if fp8_dot_supported(w_bf16):  # fp8 tensor cores: Ada/Hopper and newer
@@ -173,7 +177,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefill-m", type=int, default=2048)
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--shapes", default="7b,0.5b", help=f"comma list of {', '.join(SHAPES)}")
     args = parser.parse_args()
+    shapes = [shape.strip() for shape in args.shapes.split(",")]
+    if unknown := [shape for shape in shapes if shape not in SHAPES]:
+        parser.error(f"unknown shape {unknown[0]!r}: choose from {', '.join(SHAPES)}")
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 1
@@ -187,7 +195,8 @@ def main() -> int:
     bw = copy_bandwidth_gbs(args.reps)
     peak = bf16_matmul_tflops(args.reps)
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw:.0f} GB/s, bf16 matmul {peak:.0f} TFLOP/s")
-    bench_gemms(DECODE_M + (args.prefill_m,), args.reps, bw, peak)
+    for shape in shapes:
+        bench_gemms(shape, DECODE_M + (args.prefill_m,), args.reps, bw, peak)
     bench_verify(args.reps)
     return 0
 
