@@ -102,12 +102,12 @@ def main():
         model_dir = build_synthetic(args.synthetic, tmp, layers=args.layers, dtype=dtype,
                                     device=device) if args.synthetic \
             else hub.resolve(args.model)
-        ours = {}
+        ours = {}  # label -> speclite's model
         for scheme in schemes:
             model = load_model(model_dir, device=device, dtype=dtype)
             if scheme != "none":
                 quantize_model(model, scheme)
-            ours[scheme] = model
+            ours[f"speclite {scheme}" + (" (static)" if args.static else "")] = model
         theirs = {}
         if not args.skip_transformers:
             theirs["transformers generate"] = (load_transformers(model_dir, dtype, device, False), False)
@@ -118,8 +118,7 @@ def main():
         prompt = torch.randint(0, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
         n = args.max_new_tokens
         # Warm-up every runner (allocations, CUDA graph capture, compilation), then interleave the timed runs.
-        runners = {f"speclite {s}" + (" (static)" if args.static else ""):
-                   (lambda m=m: time_speclite(m, prompt, n, device, args.static)) for s, m in ours.items()}
+        runners = {label: (lambda m=m: time_speclite(m, prompt, n, device, args.static)) for label, m in ours.items()}
         for label, (model, static) in theirs.items():
             runners[label] = lambda m=model, st=static: time_transformers(m, prompt, n, device, st)
         for label, run in list(runners.items()):
@@ -138,13 +137,12 @@ def main():
           f"{' ' + torch.cuda.get_device_name(device) if device.type == 'cuda' else ''}, "
           f"{torch.get_num_threads()} threads, prompt {args.prompt_len}, {n} new tokens, median of {args.repeats}; "
           f"copy bandwidth {bandwidth / 1e9:.1f} GB/s")
-    best_hf = max((statistics.median(v) for label, v in speeds.items() if label.startswith("transformers")), default=None)
+    best_hf = max((statistics.median(v) for label, v in speeds.items() if label in theirs), default=None)
     for label, values in speeds.items():
         tps = statistics.median(values)
         line = f"{label:52s} {tps:9.2f} tok/s"
-        scheme = label.split()[1] if label.startswith("speclite") else None
-        if scheme is not None:
-            weights = step_bytes(ours[scheme])
+        if label in ours:
+            weights = step_bytes(ours[label])
             line += (f"  {weights / 1e9:6.2f} GB of weights, {weights * tps / 1e9:7.1f} GB/s = "
                      f"{weights * tps / bandwidth:.2f} of the roofline")
             if best_hf:

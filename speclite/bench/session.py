@@ -83,16 +83,17 @@ def _drafts_for(o: BenchOptions, draft: str | None, methods: list[str]) -> dict[
             for m in methods}
 
 
-def _random_drafts(o: BenchOptions, target_dir: Path, root: Path, dtype, methods: list[str]) -> dict[str, Path]:
+def _random_drafts(o: BenchOptions, target_dir: Path, root: Path, dtype, device,
+                   methods: list[str]) -> dict[str, Path]:
     """With --synthetic: a random draft of the published shape for each method whose draft is not a
-    decoder and that can write one (an EAGLE-3 head, a DFlash drafter); the others run with
-    --synthetic-draft."""
+    decoder and that can write one (an EAGLE-3 or Medusa head, a DFlash drafter, an MTP module),
+    drawn on the run's device as the target is; the others run with --synthetic-draft."""
     target_cfg, made = read_config(target_dir), {}
     for m in methods:
         method = get_method(m)
         if method.random_draft is not None and not method.loads_draft_model(o.method_options or {}, None):
             made[m] = root / f"{m}-draft"
-            method.random_draft(target_cfg, made[m], dtype, o.draft_layers or o.layers)
+            method.random_draft(target_cfg, made[m], dtype, o.draft_layers or o.layers, device)
     return made
 
 
@@ -126,7 +127,7 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         drafts = _drafts_for(o, draft, methods or [m.name for m in METHODS.values() if m.in_default_sweep])
         labels = {draft: f"synthetic {o.synthetic_draft}"} if o.synthetic and draft else {}  # not a temporary path
         if o.synthetic:
-            for m, made in _random_drafts(o, target_dir, Path(tmp), dtype, list(drafts)).items():
+            for m, made in _random_drafts(o, target_dir, Path(tmp), dtype, device, list(drafts)).items():
                 drafts[m] = str(made)
                 labels[str(made)] = f"random {m} draft"
         if not o.sp_types:

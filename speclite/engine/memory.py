@@ -27,9 +27,7 @@ def step_bytes(model) -> int:
     if not isinstance(model, torch.nn.Module):
         model = model.model
     embed = model.model.embed_tokens.weight
-    head = getattr(model, "lm_head", None)
-    tied = head is not None and getattr(head, "weight", None) is not None and \
-        head.weight.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()
-    if tied:
+    weight = getattr(getattr(model, "lm_head", None), "weight", None)  # a quantized head has none: not tied
+    if weight is not None and weight.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr():
         return model_bytes(model)
     return model_bytes(model) - embed.untyped_storage().nbytes() + embed[0].nbytes

@@ -24,7 +24,6 @@ OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings", 
 ROPE_FIELDS = {"linear": ("factor",), "yarn": ("factor",),
                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 # Bytes per element of the safetensors dtypes (the header names them).
-# Bytes per element of each safetensors dtype (the header's names).
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")

@@ -99,10 +99,11 @@ class Method:
     # The method whose models.toml draft a configuration runs with when --draft is not given (hybrid:
     # its --hybrid-model part's, once one is named). None: this method's own.
     draft_method: Callable[[dict], str] | None = None
-    # (target's HF config, out_dir, dtype, layers or None) -> writes a random-weight draft of the
-    # published shape for that target (`layers`: fewer than published): what `speclite bench
-    # --synthetic` runs the method with, for a method whose draft is not a decoder (a head, a drafter).
-    random_draft: Callable[[dict, Path, object, int | None], None] | None = None
+    # (target's HF config, out_dir, dtype, layers or None, device) -> writes a random-weight draft of
+    # the published shape for that target (`layers`: fewer than published; its numbers drawn on
+    # `device`): what `speclite bench --synthetic` runs the method with, for a method whose draft is
+    # not a decoder (a head, a drafter).
+    random_draft: Callable[[dict, Path, object, int | None, object], None] | None = None
 
     @property
     def takes_draft(self) -> bool:

@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from speclite.model.decoder import ModelArgs
 from speclite.speculate.dflash.draft import DFlashDraft
 from speclite.speculate.dflash.load import ARCHITECTURE
+from speclite.synthetic import random_weights
 
 # The published Qwen3-8B drafter's shape (z-lab/Qwen3-8B-DFlash-b16): five layers of the target's
 # width reading five target layers spread from layer 1 to L - 3, blocks of 16.
@@ -36,11 +37,9 @@ def target_layer_ids(num_layers: int, count: int = PUBLISHED_TARGET_LAYERS) -> l
     return sorted({min(round(1 + i * (last - 1) / (count - 1)), num_layers - 1) for i in range(count)})
 
 
-def random_drafter(target: dict, out: Path, dtype, layers: int | None = None) -> None:
+def random_drafter(target: dict, out: Path, dtype, layers: int | None = None, device="cpu") -> None:
     """A random drafter of the published shape for a target of HF config `target` (`layers` of its
     own: fewer than the published five, for a quick run); the mask token is the last id."""
-    from speclite.synthetic import random_weights
-
     t = ModelArgs.from_hf(target)
     n = layers or PUBLISHED_LAYERS
     config = {"architectures": [ARCHITECTURE], "model_type": "qwen3", "hidden_size": t.hidden_size,
@@ -56,4 +55,4 @@ def random_drafter(target: dict, out: Path, dtype, layers: int | None = None) ->
     with torch.device("meta"):
         draft = DFlashDraft(ModelArgs.from_hf({**config, "architectures": ["Qwen3ForCausalLM"]}), ids,
                             PUBLISHED_BLOCK, t.vocab_size - 1)
-    save_drafter(random_weights(draft, dtype, seed=3), config, out)
+    save_drafter(random_weights(draft, dtype, seed=3, device=device), config, out)

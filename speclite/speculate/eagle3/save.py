@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from speclite.model.decoder import ModelArgs
 from speclite.speculate.eagle3.head import Eagle3Head
 from speclite.speculate.eagle3.load import PREFIXES, SPECFORGE
+from speclite.synthetic import random_weights
 
 # Eagle3Head's module names -> SpecForge's (the vLLM speculators prefix "layers.0." is not written).
 NAMES = {module: stored for stored, module in PREFIXES.items() if stored != "layers.0."}
@@ -37,13 +38,11 @@ def save_head(tensors: dict[str, torch.Tensor], target_ids: torch.Tensor, config
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def random_head(target: dict, out: Path, dtype, layers: int | None = None) -> None:
+def random_head(target: dict, out: Path, dtype, layers: int | None = None, device="cpu") -> None:
     """A random head of the published shape for a target of HF config `target`: one Llama layer of
     the target's width, heads and MLP, a draft vocabulary of 32000 (or the target's, if smaller),
     reading the default layers (2, L // 2, L - 3); a target of fewer than 4 layers gets (0, L // 2,
     L - 1). A head has one layer: `layers` is not used."""
-    from speclite.synthetic import random_weights
-
     t = ModelArgs.from_hf(target)
     n = t.num_layers
     draft_vocab = min(PUBLISHED_DRAFT_VOCAB, t.vocab_size)
@@ -60,4 +59,4 @@ def random_head(target: dict, out: Path, dtype, layers: int | None = None) -> No
     with torch.device("meta"):
         head = Eagle3Head(ModelArgs.from_hf({**config, "architectures": ["LlamaForCausalLM"]}), draft_vocab,
                           3 * t.hidden_size, aux)
-    save_head(random_weights(head, dtype, seed=2), torch.arange(draft_vocab), config, out)
+    save_head(random_weights(head, dtype, seed=2, device=device), torch.arange(draft_vocab), config, out)

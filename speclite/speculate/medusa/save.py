@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 
 from speclite.model.decoder import ModelArgs
 from speclite.speculate.medusa.head import MedusaHeads
+from speclite.synthetic import random_weights
 
 # MedusaHeads' names -> vLLM's.
 NAMES = ((re.compile(r"heads\.(\d+)\.layers\.(\d+)\."), r"blocks.\1.layers.\2."),
@@ -35,16 +36,14 @@ def save_heads(tensors: dict[str, torch.Tensor], config: dict, out: Path) -> Non
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def random_heads(target: dict, out: Path, dtype, layers: int | None = None) -> None:
+def random_heads(target: dict, out: Path, dtype, layers: int | None = None, device="cpu") -> None:
     """Random heads of the published shape for a target of HF config `target`: five heads of one
     residual block (with bias) over its hidden size, each with its own lm_head over its vocabulary.
     `layers` is not used."""
-    from speclite.synthetic import random_weights
-
     t = ModelArgs.from_hf(target)
     config = {"model_type": "medusa", "num_heads": PUBLISHED_HEADS, "num_hidden_layers": PUBLISHED_BLOCKS,
               "hidden_size": t.hidden_size, "vocab_size": t.vocab_size, "medusa_fc_bias": True,
               "original_lm_head": False}
     with torch.device("meta"):
         heads = MedusaHeads(t, PUBLISHED_HEADS, PUBLISHED_BLOCKS, bias=True)
-    save_heads(random_weights(heads, dtype, seed=5), config, out)
+    save_heads(random_weights(heads, dtype, seed=5, device=device), config, out)

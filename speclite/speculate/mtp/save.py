@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from speclite.model.decoder import ModelArgs
 from speclite.speculate.mtp.module import MTPModule
+from speclite.synthetic import random_weights
 
 
 def save_module(tensors: dict[str, torch.Tensor], config: dict, out: Path) -> None:
@@ -26,14 +27,12 @@ def save_module(tensors: dict[str, torch.Tensor], config: dict, out: Path) -> No
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def random_module(target: dict, out: Path, dtype, layers: int | None = None) -> None:
+def random_module(target: dict, out: Path, dtype, layers: int | None = None, device="cpu") -> None:
     """A random module of the published shape for a target of HF config `target`: one block of the
     target's own shape with enorm, hnorm and eh_proj, predicting through the target's lm_head
     (DeepSeek-V3's). A module has one block: `layers` is not used."""
-    from speclite.synthetic import random_weights
-
     config = {**target, "num_hidden_layers": 1, "num_nextn_predict_layers": 1, "layer_types": ["full_attention"],
               "torch_dtype": str(dtype).removeprefix("torch.")}
     with torch.device("meta"):
         module = MTPModule(ModelArgs.from_hf(config), own_head=False, state_first=False, normed_state=False)
-    save_module(random_weights(module, dtype, seed=4), config, out)
+    save_module(random_weights(module, dtype, seed=4, device=device), config, out)
