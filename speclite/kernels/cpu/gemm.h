@@ -38,6 +38,7 @@
 namespace {
 
 constexpr int ROW_CHUNK = 32;
+constexpr int HALVES_CHUNK_BYTES = 256 << 10;  // AVX2's bf16 tiles by halves: activations per row chunk (run_columns)
 // Bytes ahead of the weight streams that the kernels prefetch: the hardware prefetcher alone left a
 // decode step at about a third of the copy bandwidth (benchmarks/RESULTS.md, issue 13). Measured
 // best: 2 KB ahead of int4's one stream per thread, 4 KB ahead of each row of the row-major formats.
@@ -323,12 +324,14 @@ struct Int8 {
 // ---- bf16 / f16 ------------------------------------------------------------------------------
 
 struct Dense {
-    const float *x;  // [M, K] fp32 (null where dot_bf16: the activations stay bf16 in xr)
+    const float *x;  // [M, K] fp32 (null where the activations stay bf16 in xr: dot_bf16, or halves with dt bf16;
+                     // with halves otherwise each 16-block's even-indexed values, then its odd ones)
     const void *xr;  // [M, K] the activations as they came, of dtype dt
     const void *w;   // [N, K] fp32, bf16 or f16
     void *y;         // [M, ldy], this matrix's N columns from column y0
     int dt, wdt, N, K, ldy, y0;
     bool prefetch;   // whether a row chunk's first tile prefetches the weights (see PREFETCH_ONE_ROW)
+    int chunk = ROW_CHUNK;  // rows per chunk: its first tile streams the weights, the others find them in cache
 
     // Whether bf16 weights meet bf16 activations in vdpbf16ps (AVX-512 BF16) rather than fp32 FMAs.
     static bool dot_bf16(int dt, int wdt) {
@@ -340,11 +343,23 @@ struct Dense {
 #endif
     }
 
+    // Whether bf16 weights take the AVX2 tiles by halves (tile_halves).
+    static bool halves(int wdt) {
+#if defined(__AVX512F__)
+        (void)wdt;
+        return false;
+#else
+        return wdt == BF16;
+#endif
+    }
+
     // Rows m0.., columns n0 + j * step (j < NR).
     template <int MR, int NR>
     void tile(int m0, int n0, int step = 1) const {
 #if defined(__AVX512F__)
         if (dot_bf16(dt, wdt)) return tile_bf16<MR, NR>(m0, n0, step);
+#else
+        if (wdt == BF16) return x ? tile_halves<MR, NR, false>(m0, n0, step) : tile_halves<MR, NR, true>(m0, n0, step);
 #endif
         if (wdt == BF16)
             tile_of<MR, NR, BF16>(m0, n0, step);
@@ -355,11 +370,56 @@ struct Dense {
     }
 
 #if !defined(__AVX512F__)
+    // bf16 weights, 16 values of K a step taken as two halves, the block's even-indexed values and
+    // then its odd ones: one 32-byte load holds both, a 16-bit shift widens the even ones to fp32 and
+    // a mask the odd ones, one instruction per 8 weights where a zero-extension and a shift take two
+    // (the shuffle port they share with the FMAs was the tile's limit: 1.15x at 128 rows,
+    // benchmarks/RESULTS.md). bf16 activations (XBF16) are read the same way, so nothing is widened
+    // into a copy; others come as fp32 copies in the halves' order (x). Tails past K / 16 * 16 add
+    // in scalar after the sum, as in tile_of.
+    template <int MR, int NR, bool XBF16>
+    void tile_halves(int m0, int n0, int step) const {
+        const bool streams = prefetch && m0 % chunk == 0;
+        const uint16_t *wr[NR];
+        const char *xm[MR];
+        for (int j = 0; j < NR; j++) wr[j] = (const uint16_t *)w + (int64_t)(n0 + j * step) * K;
+        for (int i = 0; i < MR; i++) xm[i] = XBF16 ? (const char *)xr + (int64_t)(m0 + i) * K * 2 : (const char *)(x + (int64_t)(m0 + i) * K);
+        __m256 acc[MR][NR];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
+        const __m256i odd = _mm256_set1_epi32((int)0xFFFF0000u);
+        auto half = [&](const uint16_t *p, bool even) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+            return _mm256_castsi256_ps(even ? _mm256_slli_epi32(v, 16) : _mm256_and_si256(v, odd));
+        };
+        const int K16 = K & ~15;
+        for (int k = 0; k < K16; k += 16) {
+            for (int h = 0; h < 2; h++) {
+                __m256 wv[NR];
+                for (int j = 0; j < NR; j++) {
+                    if (h == 0 && streams && k % 32 == 0) _mm_prefetch((const char *)(wr[j] + k) + PREFETCH_ROWS, _MM_HINT_T0);
+                    wv[j] = half(wr[j] + k, h == 0);
+                }
+                for (int i = 0; i < MR; i++) {
+                    const __m256 xv = XBF16 ? half((const uint16_t *)xm[i] + k, h == 0) : _mm256_loadu_ps((const float *)xm[i] + k + 8 * h);
+                    for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+                }
+            }
+        }
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) {
+                float tail = 0.f;
+                for (int k = K16; k < K; k++)
+                    tail += to_float(wr[j], BF16, k) * (XBF16 ? to_float(xm[i], BF16, k) : ((const float *)xm[i])[k]);
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, hsum(acc[i][j]) + tail);
+            }
+    }
+
     // The weights' dtype a constant: no branch in the inner loop. Only the first tile of a row chunk
     // prefetches: it streams the weights from memory, the chunk's other tiles find them in cache.
     template <int MR, int NR, int WDT>
     void tile_of(int m0, int n0, int step) const {
-        const bool streams = prefetch && m0 % ROW_CHUNK == 0;
+        const bool streams = prefetch && m0 % chunk == 0;
         __m256 acc[MR][NR];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
@@ -398,7 +458,7 @@ struct Dense {
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
         const int KW = K / S::W * S::W;
-        if (prefetch && m0 % ROW_CHUNK == 0) {  // the chunk's first tile streams the weights from memory
+        if (prefetch && m0 % chunk == 0) {  // the chunk's first tile streams the weights from memory
             for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, true, false>(wr, xm, k, 0, acc);
         } else {
             for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, false, false>(wr, xm, k, 0, acc);
@@ -491,12 +551,14 @@ inline void dispatch(const K &k, int m, int mr, int n, int nr, int step) {
 // pair's do; even from DRAM; 8 or 12 slower on AVX-512 too). More rows: 4 x 3 tiles with AVX2's 16
 // registers (measured best of 4x2, 4x3, 3x4, 5x2), 6 x 4 with AVX-512's 32 (with 4 x 6, 5 x 5 and
 // 4 x 4 within the noise, 3 x 8 and 8 x 3 slower), each chunk of rows reusing the weights its first
-// tile streamed in. Tiles only share loads: the numbers are those of any other tiling.
+// tile streamed in. AVX2's bf16 tiles by halves hold a mask beside them: 2 x 3 for two rows (2 x 4
+// and 2 x 6 slower), 5 x 2 in chunks of 30 rows for more (3 x 3 close; 4 x 2, 6 x 2 and 2 x 5
+// slower). Tiles only share loads: the numbers are those of any other tiling.
 template <int MR, int NR>
 inline void run_parts(const Dense &k, int M, int n0, int n1) {
     const int q = (n1 - n0 + NR - 1) / NR;
-    for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
-        const int c1 = std::min(c0 + ROW_CHUNK, M);
+    for (int c0 = 0; c0 < M; c0 += k.chunk) {
+        const int c1 = std::min(c0 + k.chunk, M);
         for (int i = 0; i < q; i++) {
             const bool whole = n0 + i + (NR - 1) * q < n1;
             for (int m = c0; m < c1; m += MR) {
@@ -510,17 +572,26 @@ inline void run_parts(const Dense &k, int M, int n0, int n1) {
 }
 
 inline void run_columns(const Dense &k, int M, int n0, int n1) {
-    if (M == 1)
+    if (M == 1) {
         run_parts<1, 6>(k, M, n0, n1);
-    else if (M == 2)
+    } else if (Dense::halves(k.wdt)) {
+        if (M == 2) return run_parts<2, 3>(k, M, n0, n1);
+        // Chunks of as many rows as keep HALVES_CHUNK_BYTES of activations in the L2 (a multiple of
+        // the tile, 30 at least): the weights stream from memory once per chunk, so a 128-row prefill
+        // with K = 896 reads them once instead of four times (prefill 1.05x against 30-row chunks).
+        Dense by5 = k;
+        const int fit = HALVES_CHUNK_BYTES / (k.K * (k.x ? 4 : 2));
+        by5.chunk = std::max(ROW_CHUNK / 5, std::min(M + 4, fit) / 5) * 5;
+        run_parts<5, 2>(by5, M, n0, n1);
+    } else if (M == 2) {
         run_parts<2, 6>(k, M, n0, n1);
+    } else {
 #if defined(__AVX512F__)
-    else
         run_parts<6, 4>(k, M, n0, n1);
 #else
-    else
         run_parts<4, 3>(k, M, n0, n1);
 #endif
+    }
 }
 
 
@@ -607,11 +678,21 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             k8.run(M, a, b);
         });
     } else {
-        // fp32 activations are read in place, bf16 ones meeting bf16 weights in vdpbf16ps too; others
-        // are widened once (and the team waits for it).
+        // fp32 activations are read in place, bf16 ones meeting bf16 weights (vdpbf16ps, or AVX2's tiles
+        // by halves) too; others are widened once (into the halves' order for bf16 weights), and the
+        // team waits for it.
         const float *xf = (const float *)x;
-        if (Dense::dot_bf16(dt, mt.wdt)) {
+        if (Dense::dot_bf16(dt, mt.wdt) || (Dense::halves(mt.wdt) && dt == BF16)) {
             xf = nullptr;
+        } else if (Dense::halves(mt.wdt)) {
+            const int K16 = K & ~15;
+#pragma omp for schedule(static)
+            for (int m = 0; m < M; m++)
+                for (int i = 0; i < K; i++) {
+                    const int to = i < K16 ? (i & ~15) + (i & 1) * 8 + (i & 15) / 2 : i;  // even-indexed first
+                    sc.a[(int64_t)m * K + to] = to_float(x, dt, (int64_t)m * K + i);
+                }
+            xf = sc.a.data();
         } else if (dt != F32) {
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++)
