@@ -37,8 +37,7 @@
 
 namespace {
 
-constexpr int ROW_CHUNK = 32;
-constexpr int HALVES_CHUNK_BYTES = 256 << 10;  // AVX2's bf16 tiles by halves: activations per row chunk (run_columns)
+constexpr int ROW_CHUNK = 32, CHUNK_BYTES = 256 << 10;
 // Bytes ahead of the weight streams that the kernels prefetch: the hardware prefetcher alone left a
 // decode step at about a third of the copy bandwidth (benchmarks/RESULTS.md, issue 13). Measured
 // best: 2 KB ahead of int4's one stream per thread, 4 KB ahead of each row of the row-major formats.
@@ -86,6 +85,15 @@ void quantize_row(const void *x, int dt, int64_t m, int K, int Kp, int block, in
         d[b0 / block] = amax / 127.f;
         sums[b0 / block] = sum;
     }
+}
+
+// Rows per chunk for tiles of mr rows whose activations take row_bytes each: as many as keep
+// CHUNK_BYTES of them in the L2, a multiple of mr, ROW_CHUNK / mr tiles at least. The weights stream
+// from memory once per chunk, so a 128-row prefill with K = 896 reads them once instead of four
+// times (prefill 1.05x on AVX2's bf16 tiles against 30-row chunks; benchmarks/RESULTS.md).
+inline int chunk_rows(int M, int64_t row_bytes, int mr) {
+    const int fit = (int)std::min<int64_t>(M + mr - 1, CHUNK_BYTES / row_bytes);
+    return std::max(ROW_CHUNK / mr, fit / mr) * mr;
 }
 
 inline void split(int N, int step, int threads, int t, int &n0, int &n1) {
@@ -199,8 +207,9 @@ struct Int4 {
     static constexpr int MR = 3;
 #endif
     void run(int M, int g0, int g1) const {
-        for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
-            const int c1 = std::min(c0 + ROW_CHUNK, M);
+        const int chunk = chunk_rows(M, Kp, MR);
+        for (int c0 = 0; c0 < M; c0 += chunk) {
+            const int c1 = std::min(c0 + chunk, M);
             for (int cg = g0; cg < g1; cg++) {
                 int m = c0;
                 for (; m + MR <= c1; m += MR) tile<MR>(m, cg);
@@ -270,12 +279,12 @@ struct Int8 {
     // Rows m0..m0+MR-1 (MR <= 4), columns n and n + 1 (of one group), each weight load serving every
     // row (4 x 2 accumulators: more spill registers, measured slower).
     template <int MR>
-    void tile(int m0, int n) const {
+    void tile(int m0, int n, bool first) const {
         const int nb = Kp / 32;
         const int8_t *wc = w + ((int64_t)(n / 8) * nb * 8 + n % 8) * 32;
         __m256i acc[MR][2];
         for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-        const bool streams = m0 % ROW_CHUNK == 0 && n % 8 == 0;  // the first tile reads the group from memory
+        const bool streams = first && n % 8 == 0;  // the chunk's first tile reads the group from memory
         for (int b = 0; b < nb; b++) {
             if (streams)  // the group's other columns follow: fetch the rest of the block, and ahead
                 for (int line = 64; line < 512; line += 64)
@@ -309,13 +318,14 @@ struct Int8 {
             for (int cg = g0; cg < g1; cg++) row8(0, cg);
             return;
         }
-        for (int c0 = 0; c0 < M; c0 += ROW_CHUNK) {
-            const int c1 = std::min(c0 + ROW_CHUNK, M);
+        const int chunk = chunk_rows(M, Kp, 4);
+        for (int c0 = 0; c0 < M; c0 += chunk) {
+            const int c1 = std::min(c0 + chunk, M);
             for (int n = g0 * 8; n < std::min(N, g1 * 8); n += 2) {
                 int m = c0;
-                for (; m + 4 <= c1; m += 4) tile<4>(m, n);
-                for (; m + 2 <= c1; m += 2) tile<2>(m, n);
-                for (; m < c1; m++) tile<1>(m, n);
+                for (; m + 4 <= c1; m += 4) tile<4>(m, n, m == c0);
+                for (; m + 2 <= c1; m += 2) tile<2>(m, n, m == c0);
+                for (; m < c1; m++) tile<1>(m, n, m == c0);
             }
         }
     }
@@ -572,28 +582,23 @@ inline void run_parts(const Dense &k, int M, int n0, int n1) {
 }
 
 inline void run_columns(const Dense &k, int M, int n0, int n1) {
-    if (M == 1) {
-        run_parts<1, 6>(k, M, n0, n1);
-    } else if (Dense::halves(k.wdt)) {
-        if (M == 2) return run_parts<2, 3>(k, M, n0, n1);
-        // Chunks of as many rows as keep HALVES_CHUNK_BYTES of activations in the L2 (a multiple of
-        // the tile, 30 at least): the weights stream from memory once per chunk, so a 128-row prefill
-        // with K = 896 reads them once instead of four times (prefill 1.05x against 30-row chunks).
-        Dense by5 = k;
-        const int fit = HALVES_CHUNK_BYTES / (k.K * (k.x ? 4 : 2));
-        by5.chunk = std::max(ROW_CHUNK / 5, std::min(M + 4, fit) / 5) * 5;
-        run_parts<5, 2>(by5, M, n0, n1);
-    } else if (M == 2) {
-        run_parts<2, 6>(k, M, n0, n1);
-    } else {
+    if (M == 1) return run_parts<1, 6>(k, M, n0, n1);
+    if (M == 2) return Dense::halves(k.wdt) ? run_parts<2, 3>(k, M, n0, n1) : run_parts<2, 6>(k, M, n0, n1);
+    Dense chunked = k;
+    const int64_t row_bytes = (int64_t)k.K * (k.x ? 4 : 2);
 #if defined(__AVX512F__)
-        run_parts<6, 4>(k, M, n0, n1);
+    chunked.chunk = chunk_rows(M, row_bytes, 6);
+    run_parts<6, 4>(chunked, M, n0, n1);
 #else
-        run_parts<4, 3>(k, M, n0, n1);
-#endif
+    if (Dense::halves(k.wdt)) {
+        chunked.chunk = chunk_rows(M, row_bytes, 5);
+        run_parts<5, 2>(chunked, M, n0, n1);
+    } else {
+        chunked.chunk = chunk_rows(M, row_bytes, 4);
+        run_parts<4, 3>(chunked, M, n0, n1);
     }
+#endif
 }
-
 
 // ---- one product for a thread team --------------------------------------------------------------
 
