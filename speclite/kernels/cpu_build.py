@@ -5,11 +5,13 @@ $SPECLITE_CACHE_DIR (default ~/.cache/speclite)/cpu-kernels and loaded with ctyp
 a few seconds). Where there is no compiler, the CPU lacks AVX2 + FMA + F16C, or
 SPECLITE_CPU_KERNELS=0, a library is None and callers keep torch's ops.
 
-One ISA path serves the whole process, picked at run time from the CPU's flags (`isa()`): `avx512`
-where the CPU has AVX-512 F/BW/VL with VNNI and BF16 (Zen 4 and later, Sapphire Rapids and later:
-integer dot products in one vpdpbusd, bf16 ones in one vdpbf16ps), else `avx2`. The sources are
-the same; the build's flags decide which code each kernel compiles to. SPECLITE_CPU_ISA=avx2 caps
-it, so an AVX-512 machine runs (and tests) the AVX2 kernels.
+One ISA path serves the whole process, picked at run time from the CPU's flags (`isa()`): `amx`
+where the CPU also has AMX tiles with int8 (Sapphire Rapids and later: the integer products of many
+rows in tile multiplies, the rest as avx512; where the kernel refuses the process AMX's state, the
+avx512 code of the same build runs), `avx512` where it has AVX-512 F/BW/VL with VNNI and BF16 (Zen 4
+and later: integer dot products in one vpdpbusd, bf16 ones in one vdpbf16ps), else `avx2`. The sources are
+the same; the build's flags decide which code each kernel compiles to. SPECLITE_CPU_ISA=avx512 or
+avx2 caps it, so an AMX or AVX-512 machine runs (and tests) the lesser paths' kernels.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from pathlib import Path
 
 SOURCES = Path(__file__).parent / "cpu"
 # ISA path -> (CPU flags it needs, compiler flags), best first.
+_AVX512 = ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"},
+           ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16"))
 ISAS = {
-    "avx512": ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"},
-               ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16")),
+    "amx": (_AVX512[0] | {"amx_tile", "amx_int8"}, _AVX512[1] + ("-mamx-tile", "-mamx-int8")),
+    "avx512": _AVX512,
     "avx2": ({"avx2", "fma", "f16c"}, ("-mavx2", "-mfma", "-mf16c")),
 }
 # -ffp-contract=off: the compiler may not fuse a multiply and an add differently in different tiles.
@@ -99,10 +103,15 @@ def _build(compiler: str, source: Path, flags, target: Path) -> bool:
         return False
 
 
-@functools.cache
 def _cpu_flags() -> bytes:
+    return _cpu_line("flags") or (b"" if Path("/proc/cpuinfo").exists() else platform.processor().encode())
+
+
+@functools.cache
+def _cpu_line(key: str) -> bytes:
+    """The first line of /proc/cpuinfo that starts with `key` (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor().encode()
-    return next((line for line in text.splitlines() if line.startswith("flags")), "").encode()
+        return b""
+    return next((line for line in text.splitlines() if line.startswith(key)), "").encode()

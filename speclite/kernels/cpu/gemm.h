@@ -1,6 +1,8 @@
 // Matrix products for quantized and half-precision weights on x86 CPUs with AVX2 + FMA + F16C, and
 // where the build has AVX-512 VNNI and BF16 (cpu_build's avx512 path), the same products with their
-// dot products in one instruction each (marked AVX-512 below; the layouts are the same).
+// dot products in one instruction each (marked AVX-512 below; the layouts are the same). Where it
+// also has AMX (cpu_build's amx path), the int4 and int8 products of many rows take the tiles: the
+// weights rearranged per call, the integer sums exact, so every row's numbers are the VNNI tiles'.
 //
 // y [M, N] = x [M, K] @ w [N, K]^T for three weight formats:
 //   int4  repacked at load for eight columns at a time (layout at Int4 below), an fp16 scale and a
@@ -29,6 +31,10 @@
 #include <omp.h>
 
 #include <cmath>
+#if defined(__AMX_INT8__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <vector>
@@ -108,6 +114,41 @@ struct Scratch {
     std::vector<int32_t> s;
 };
 thread_local Scratch scratch;
+
+#if defined(__AMX_INT8__)
+// ---- AMX tiles (cpu_build's amx path) ------------------------------------------------------------
+//
+// Linux hands a process the tiles' 8 KB of state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA), once; where it refuses, the AVX-512 code of the same build runs. The products use
+// tmm0-1 for activations (16 rows x `k` int8), tmm2-3 for weights (k / 4 rows, each 16 columns' 4
+// consecutive K values: the "VNNI" order the tile multiplies read) and tmm4-7 for int32 sums (16 rows
+// x 16 columns). Other code on the same thread (oneDNN inside torch) configures the tiles its own
+// way, so each call loads its configuration and releases the tiles when it is done.
+
+inline bool amx_ready() {
+    static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return ready;
+}
+
+inline void amx_configure(int k) {
+    struct alignas(64) {
+        uint8_t palette = 1, start_row = 0, reserved[14] = {};
+        uint16_t colsb[16] = {};
+        uint8_t rows[16] = {};
+    } config;
+    for (int t = 0; t < 8; t++) {
+        config.colsb[t] = t < 2 ? k : 64;
+        config.rows[t] = t == 2 || t == 3 ? k / 4 : 16;
+    }
+    _tile_loadconfig(&config);
+}
+
+// Rows from which the products take the tiles (benchmarks/RESULTS.md, 0.5B shapes, 2 threads).
+// int8: at 9 rows 1.1-1.5x the VNNI tiles, at 5 even, at 2 slower (rearranging the weights costs what
+// streaming them does); 128 rows 3.8-4.7x. int4: each 32-block's sums still meet their float scale
+// one by one, so the tiles pay later: 24 rows 1.05-1.35x, 16 even, 128 rows 1.6-1.7x.
+constexpr int AMX_INT8_ROWS = 8, AMX_INT4_ROWS = 24;
+#endif
 
 // ---- int4 ------------------------------------------------------------------------------------
 //
@@ -206,7 +247,121 @@ struct Int4 {
 #else
     static constexpr int MR = 3;
 #endif
+#if defined(__AMX_INT8__)
+    // Group g's 8 columns, unpacked to bytes, into half h of a 16-column tile panel: K values
+    // 32b + 4q..+3 of the 8 columns become panel row 8b + q. After the unpacking, u[j] (set A) and
+    // u[4 + j] (set B) hold quads 2j and 2j + 1 of their four columns each; one permute puts them in
+    // column order. A group that is not the thread's is zeros.
+    void to_panel(int32_t *rows, int g, int h, bool live) const {
+        if (!live) {
+            for (int r = 0; r < nb * 8; r++) _mm256_storeu_si256((__m256i *)(rows + r * 16 + 8 * h), _mm256_setzero_si256());
+            return;
+        }
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        const __m512i order = _mm512_setr_epi32(0, 2, 8, 10, 4, 6, 12, 14, 1, 3, 9, 11, 5, 7, 13, 15);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *w = qw + ((int64_t)g * nb + b) * 128;
+            __m256i u[8];
+            for (int t = 0; t < 4; t++) {
+                const __m256i p = _mm256_loadu_si256((const __m256i *)(w + 32 * t));
+                const int set = t >> 1, j = t & 1;
+                u[4 * set + j] = _mm256_and_si256(p, low);
+                u[4 * set + j + 2] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            }
+            for (int j = 0; j < 4; j++) {
+                const __m512i quads = _mm512_permutexvar_epi32(order, _mm512_inserti64x4(_mm512_castsi256_si512(u[j]), u[4 + j], 1));
+                int32_t *row = rows + (b * 8 + 2 * j) * 16 + 8 * h;
+                _mm256_storeu_si256((__m256i *)row, _mm512_castsi512_si256(quads));
+                _mm256_storeu_si256((__m256i *)(row + 16), _mm512_extracti64x4_epi64(quads, 1));
+            }
+        }
+    }
+
+    // Group cg + q's 8 fp16 scales and uint8 zeros for K group g, as fp32, for columns 8q.. of a step
+    // (zeros for a group that is not the thread's).
+    void group_scales(int cg, int g1, int g, float *sv, float *zv) const {
+        for (int q = 0; q < 4; q++) {
+            const int64_t at = ((int64_t)(cg + q) * G + g) * 8;
+            const bool live = cg + q < g1;
+            _mm256_storeu_ps(sv + 8 * q, live ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + at))) : _mm256_setzero_ps());
+            _mm256_storeu_ps(zv + 8 * q, live ? _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + at))))
+                                              : _mm256_setzero_ps());
+        }
+    }
+
+    // 32 columns (groups cg..cg+3 of [cg, g1)) at a time: their nibbles unpacked once into two
+    // 16-column tile panels (to_panel), then every 32 rows of x against them, one 32-block per tile
+    // multiply (tdpbsud: signed activations, unsigned weights), so that each block's exact integer sums
+    // meet the same float operations, in the same order, as in tile(): part += sum * dx per block,
+    // acc += part * s - s * z * gsx per group. Reads up to 32 rows past x's last (reserve pads the
+    // scratch); their results are dropped.
+    void run_amx(int M, int g0, int g1) const {
+        thread_local std::vector<int32_t> panels;
+        const int64_t panel = (int64_t)nb * 128;  // int32s: 8 rows of 16 per block
+        if ((int64_t)panels.size() < 2 * panel) panels.resize(2 * panel);
+        alignas(64) int32_t sums[4][256];
+        alignas(64) float part[4][256], acc[4][256], sv[32], zv[32];
+        amx_configure(32);
+        for (int cg = g0; cg < g1; cg += 4) {
+            for (int q = 0; q < 4; q++) to_panel(panels.data() + (q / 2) * panel, cg + q, q % 2, cg + q < g1);
+            const int8_t *left = (const int8_t *)panels.data(), *right = left + panel * 4;
+            for (int m0 = 0; m0 < M; m0 += 32) {
+                const int rows[2] = {std::min(16, M - m0), std::max(0, std::min(16, M - m0 - 16))};
+                for (int t = 0; t < 4; t++)
+                    for (int i = 0; i < 256; i += 16) _mm512_store_ps(acc[t] + i, _mm512_setzero_ps());
+                for (int g = 0; g < G; g++) {
+                    for (int t = 0; t < 4; t++)
+                        for (int i = 0; i < 256; i += 16) _mm512_store_ps(part[t] + i, _mm512_setzero_ps());
+                    for (int b = g * bpg; b < std::min(nb, (g + 1) * bpg); b++) {
+                        const int8_t *x0 = xq + (int64_t)m0 * Kp + b * 32;
+                        _tile_zero(4);
+                        _tile_zero(5);
+                        _tile_zero(6);
+                        _tile_zero(7);
+                        _tile_loadd(2, left + b * 512, 64);
+                        _tile_loadd(3, right + b * 512, 64);
+                        _tile_loadd(0, x0, Kp);
+                        _tile_dpbsud(4, 0, 2);
+                        _tile_dpbsud(5, 0, 3);
+                        _tile_loadd(1, x0 + (int64_t)16 * Kp, Kp);
+                        _tile_dpbsud(6, 1, 2);
+                        _tile_dpbsud(7, 1, 3);
+                        _tile_stored(4, sums[0], 64);
+                        _tile_stored(5, sums[1], 64);
+                        _tile_stored(6, sums[2], 64);
+                        _tile_stored(7, sums[3], 64);
+                        for (int t = 0; t < 4; t++)
+                            for (int i = 0; i < rows[t / 2]; i++) {
+                                const __m512 d = _mm512_set1_ps(dx[(int64_t)(m0 + 16 * (t / 2) + i) * nb + b]);
+                                const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(sums[t] + 16 * i));
+                                _mm512_store_ps(part[t] + 16 * i, _mm512_fmadd_ps(dot, d, _mm512_load_ps(part[t] + 16 * i)));
+                            }
+                    }
+                    group_scales(cg, g1, g, sv, zv);
+                    for (int t = 0; t < 4; t++) {
+                        const __m512 s16 = _mm512_loadu_ps(sv + 16 * (t % 2)), sz = _mm512_mul_ps(s16, _mm512_loadu_ps(zv + 16 * (t % 2)));
+                        for (int i = 0; i < rows[t / 2]; i++) {
+                            __m512 a = _mm512_fmadd_ps(_mm512_load_ps(part[t] + 16 * i), s16, _mm512_load_ps(acc[t] + 16 * i));
+                            a = _mm512_fnmadd_ps(sz, _mm512_set1_ps(gsx[(int64_t)(m0 + 16 * (t / 2) + i) * G + g]), a);
+                            _mm512_store_ps(acc[t] + 16 * i, a);
+                        }
+                    }
+                }
+                for (int t = 0; t < 4; t++) {
+                    const int n0 = cg * 8 + 16 * (t % 2), cols = std::min({16, N - n0, g1 * 8 - n0});
+                    for (int i = 0; i < rows[t / 2]; i++)
+                        for (int c = 0; c < cols; c++) store(y, dt, (int64_t)(m0 + 16 * (t / 2) + i) * ldy + y0 + n0 + c, acc[t][16 * i + c]);
+                }
+            }
+        }
+        _tile_release();
+    }
+#endif
+
     void run(int M, int g0, int g1) const {
+#if defined(__AMX_INT8__)
+        if (M >= AMX_INT4_ROWS && amx_ready()) return run_amx(M, g0, g1);
+#endif
         const int chunk = chunk_rows(M, Kp, MR);
         for (int c0 = 0; c0 < M; c0 += chunk) {
             const int c1 = std::min(c0 + chunk, M);
@@ -312,8 +467,98 @@ struct Int8 {
         for (int l = 0; l < cols; l++) store(y, dt, (int64_t)m * ldy + y0 + cg * 8 + l, out[l]);
     }
 
+#if defined(__AMX_INT8__)
+    // Group g's 8 columns into half h of a 16-column tile panel: quad q of block b (K values
+    // 32b + 4q..+3 of the 8 columns) becomes panel row 8b + q. Each block's 8 x 8 quads are
+    // transposed by two rounds of two-register permutes. A group that is not the thread's is zeros.
+    void to_panel(int32_t *rows, int g, int h, bool live) const {
+        const int nb = Kp / 32;
+        if (!live) {
+            for (int r = 0; r < nb * 8; r++) _mm256_storeu_si256((__m256i *)(rows + r * 16 + 8 * h), _mm256_setzero_si256());
+            return;
+        }
+        const __m512i lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+        const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
+        const __m512i even = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(8));
+        for (int b = 0; b < nb; b++) {
+            const int32_t *src = (const int32_t *)(w + ((int64_t)g * nb + b) * 256);  // columns 2i, 2i+1 in z[i]
+            const __m512i z0 = _mm512_loadu_si512(src), z1 = _mm512_loadu_si512(src + 16);
+            const __m512i z2 = _mm512_loadu_si512(src + 32), z3 = _mm512_loadu_si512(src + 48);
+            // Quads 0-3 (p0, p2) and 4-7 (p1, p3) of columns 0-3 (p0, p1) and 4-7 (p2, p3), quad-major.
+            const __m512i p0 = _mm512_permutex2var_epi32(z0, lo, z1), p1 = _mm512_permutex2var_epi32(z0, hi, z1);
+            const __m512i p2 = _mm512_permutex2var_epi32(z2, lo, z3), p3 = _mm512_permutex2var_epi32(z2, hi, z3);
+            const __m512i pairs[4] = {_mm512_permutex2var_epi32(p0, even, p2), _mm512_permutex2var_epi32(p0, odd, p2),
+                                      _mm512_permutex2var_epi32(p1, even, p3), _mm512_permutex2var_epi32(p1, odd, p3)};
+            for (int t = 0; t < 4; t++) {  // quads 2t and 2t + 1, all 8 columns each
+                int32_t *row = rows + (b * 8 + 2 * t) * 16 + 8 * h;
+                _mm256_storeu_si256((__m256i *)row, _mm512_castsi512_si256(pairs[t]));
+                _mm256_storeu_si256((__m256i *)(row + 16), _mm512_extracti64x4_epi64(pairs[t], 1));
+            }
+        }
+    }
+
+    // 32 columns (groups cg..cg+3 of [cg, g1)) at a time: their weights rearranged once into two
+    // 16-column tile panels (to_panel), then every 32 rows of x against them, 64 values of K per tile
+    // multiply. The sums are the same exact integers as the VNNI tiles' (tdpbssd multiplies signed
+    // bytes: no offset), the epilogue the same float operations. Reads up to 32 rows and 64 bytes
+    // past x's last (reserve pads the scratch); their sums are dropped.
+    void run_amx(int M, int g0, int g1) const {
+        thread_local std::vector<int32_t> panels;
+        const int nb = Kp / 32, chunks = (Kp + 63) / 64;
+        const int64_t panel = (int64_t)chunks * 256;  // int32s
+        if ((int64_t)panels.size() < 2 * panel) panels.resize(2 * panel);
+        alignas(64) int32_t sums[4][256];
+        alignas(64) float out[16];
+        amx_configure(64);
+        for (int cg = g0; cg < g1; cg += 4) {
+            for (int q = 0; q < 4; q++) to_panel(panels.data() + (q / 2) * panel, cg + q, q % 2, cg + q < g1);
+            for (int r = nb * 8; r < chunks * 16; r++) {  // K's last 32 when Kp is not a multiple of 64
+                _mm512_storeu_si512(panels.data() + r * 16, _mm512_setzero_si512());
+                _mm512_storeu_si512(panels.data() + panel + r * 16, _mm512_setzero_si512());
+            }
+            const int8_t *left = (const int8_t *)panels.data(), *right = left + panel * 4;
+            for (int m0 = 0; m0 < M; m0 += 32) {
+                const int8_t *x0 = xq + (int64_t)m0 * Kp, *x1 = x0 + (int64_t)16 * Kp;
+                _tile_zero(4);
+                _tile_zero(5);
+                _tile_zero(6);
+                _tile_zero(7);
+                for (int c = 0; c < chunks; c++) {
+                    _tile_loadd(2, left + c * 1024, 64);
+                    _tile_loadd(3, right + c * 1024, 64);
+                    _tile_loadd(0, x0 + c * 64, Kp);
+                    _tile_dpbssd(4, 0, 2);
+                    _tile_dpbssd(5, 0, 3);
+                    _tile_loadd(1, x1 + c * 64, Kp);
+                    _tile_dpbssd(6, 1, 2);
+                    _tile_dpbssd(7, 1, 3);
+                }
+                _tile_stored(4, sums[0], 64);
+                _tile_stored(5, sums[1], 64);
+                _tile_stored(6, sums[2], 64);
+                _tile_stored(7, sums[3], 64);
+                for (int t = 0; t < 4; t++) {
+                    const int n0 = cg * 8 + 16 * (t % 2), cols = std::min({16, N - n0, g1 * 8 - n0});
+                    if (cols <= 0) continue;
+                    const __m512 scale = _mm512_maskz_loadu_ps((__mmask16)((1u << cols) - 1), ws + n0);
+                    for (int i = 0, m = m0 + 16 * (t / 2); i < 16 && m < M; i++, m++) {
+                        const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(sums[t] + i * 16));
+                        _mm512_store_ps(out, _mm512_mul_ps(s, _mm512_mul_ps(_mm512_set1_ps(dx[m]), scale)));
+                        for (int c = 0; c < cols; c++) store(y, dt, (int64_t)m * ldy + y0 + n0 + c, out[c]);
+                    }
+                }
+            }
+        }
+        _tile_release();
+    }
+#endif
+
     // Column groups [g0, g1): one row streams every group once; many rows take 4 at a time.
     void run(int M, int g0, int g1) const {
+#if defined(__AMX_INT8__)
+        if (M >= AMX_INT8_ROWS && amx_ready()) return run_amx(M, g0, g1);
+#endif
         if (M == 1) {
             for (int cg = g0; cg < g1; cg++) row8(0, cg);
             return;
@@ -628,7 +873,7 @@ inline void add_bias(void *y, int dt, const float *bias, int M, int ldy, int c0,
 inline void reserve(Scratch &sc, const Matrices &mt, int M) {
     const size_t nb = (mt.k + 31) / 32, G = mt.kind == INT4 ? (mt.k + mt.group - 1) / mt.group : 0;
     auto grow = [](auto &v, size_t n) { if (v.size() < n) v.resize(n); };
-    grow(sc.q, (size_t)M * nb * 32);
+    grow(sc.q, ((size_t)M + 31) / 32 * 32 * nb * 32 + 64);  // the AMX tiles read whole 32-row steps of 64 bytes
     grow(sc.a, (size_t)M * (mt.kind == DENSE ? mt.k : nb));
     grow(sc.b, (size_t)M * G);
     grow(sc.s, (size_t)M * nb);
