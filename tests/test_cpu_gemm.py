@@ -75,19 +75,20 @@ def close(y, reference, tol=1e-5):
 AVX512_FLAGS = "avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16"
 
 
-@pytest.mark.parametrize("vendor,flags,paths", [
-    ("AuthenticAMD", "avx2 fma f16c", ["avx2"]),
-    ("AuthenticAMD", AVX512_FLAGS, ["avx512", "avx2"]),
-    ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8 amx_bf16", ["amx", "avx512", "avx2"]),
-    ("GenuineIntel", AVX512_FLAGS + " amx_tile", ["avx512", "avx2"]),  # tiles without int8
-    ("GenuineIntel", "avx fma f16c", []),
+@pytest.mark.parametrize("vendor,flags,paths,defines", [
+    ("AuthenticAMD", "avx2 fma f16c", ["avx2"], ("-DSPECLITE_AMD",)),
+    ("AuthenticAMD", AVX512_FLAGS, ["avx512", "avx2"], ("-DSPECLITE_AMD",)),
+    ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8 amx_bf16", ["amx", "avx512", "avx2"], ()),
+    ("GenuineIntel", AVX512_FLAGS + " amx_tile", ["avx512", "avx2"], ()),  # tiles without int8
+    ("GenuineIntel", "avx fma f16c", [], ()),
 ])
-def test_isa_paths_follow_cpuinfo(monkeypatch, vendor, flags, paths):
+def test_isa_paths_and_vendor_defines_follow_cpuinfo(monkeypatch, vendor, flags, paths, defines):
     if cpu_build.platform.machine() not in ("x86_64", "AMD64") or os.environ.get("SPECLITE_CPU_KERNELS", "1") == "0":
         pytest.skip("no x86 kernels here")
     lines = {"vendor_id": f"vendor_id\t: {vendor}", "flags": f"flags\t\t: fpu {flags}"}
     monkeypatch.setattr(cpu_build, "_cpu_line", lambda key: lines[key].encode())
     assert cpu_build.runnable() == paths
+    assert cpu_build.vendor_flags() == defines
 
 
 def test_kernels_build_where_the_cpu_and_compiler_allow():

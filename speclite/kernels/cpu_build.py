@@ -66,7 +66,7 @@ def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
     tests switch paths (isa.cache_clear() after setting SPECLITE_CPU_ISA)."""
     key = (source, isa())
     if key not in _loaded:
-        lib = library(source, ISAS[key[1]][1] + FLAGS) if key[1] else None
+        lib = library(source, ISAS[key[1]][1] + vendor_flags() + FLAGS) if key[1] else None
         for name, argtypes in signatures.items() if lib is not None else ():
             getattr(lib, name).argtypes = argtypes
         _loaded[key] = lib
@@ -101,6 +101,12 @@ def _build(compiler: str, source: Path, flags, target: Path) -> bool:
         return True
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def vendor_flags() -> tuple[str, ...]:
+    """Defines for what is tuned per CPU maker rather than per ISA: -DSPECLITE_AMD on AMD's (gemm.h,
+    PREFETCH_ONE_ROW)."""
+    return ("-DSPECLITE_AMD",) if _cpu_line("vendor_id").split()[-1:] == [b"AuthenticAMD"] else ()
 
 
 def _cpu_flags() -> bytes:
