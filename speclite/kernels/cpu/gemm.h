@@ -145,6 +145,40 @@ inline void amx_configure(int k) {
     _tile_loadconfig(&config);
 }
 
+// The 32 x 32 step both products take: 16 rows at x0 and 16 at x1 (rows ld bytes apart) against the
+// two weight panels in tmm2-3, summed into tmm4-7 (tmm4 + 2r + p: rows r, panel p). Int4's weights
+// are unsigned nibbles (tdpbsud), int8's signed bytes (tdpbssd).
+template <bool UNSIGNED_WEIGHTS>
+inline void amx_multiply(const int8_t *x0, const int8_t *x1, int ld) {
+    _tile_loadd(0, x0, ld);
+    _tile_loadd(1, x1, ld);
+    if (UNSIGNED_WEIGHTS) {
+        _tile_dpbsud(4, 0, 2);
+        _tile_dpbsud(5, 0, 3);
+        _tile_dpbsud(6, 1, 2);
+        _tile_dpbsud(7, 1, 3);
+    } else {
+        _tile_dpbssd(4, 0, 2);
+        _tile_dpbssd(5, 0, 3);
+        _tile_dpbssd(6, 1, 2);
+        _tile_dpbssd(7, 1, 3);
+    }
+}
+
+inline void amx_zero() {
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+}
+
+inline void amx_store(int32_t (*sums)[256]) {
+    _tile_stored(4, sums[0], 64);
+    _tile_stored(5, sums[1], 64);
+    _tile_stored(6, sums[2], 64);
+    _tile_stored(7, sums[3], 64);
+}
+
 // Rows from which the products take the tiles (benchmarks/RESULTS.md, 0.5B shapes, 2 threads).
 // int8: at 9 rows 1.1-1.5x the VNNI tiles, at 5 even, at 2 slower (rearranging the weights costs what
 // streaming them does); 128 rows 3.8-4.7x. int4: each 32-block's sums still meet their float scale
@@ -316,22 +350,11 @@ struct Int4 {
                         for (int i = 0; i < 256; i += 16) _mm512_store_ps(part[t] + i, _mm512_setzero_ps());
                     for (int b = g * bpg; b < std::min(nb, (g + 1) * bpg); b++) {
                         const int8_t *x0 = xq + (int64_t)m0 * Kp + b * 32;
-                        _tile_zero(4);
-                        _tile_zero(5);
-                        _tile_zero(6);
-                        _tile_zero(7);
+                        amx_zero();
                         _tile_loadd(2, left + b * 512, 64);
                         _tile_loadd(3, right + b * 512, 64);
-                        _tile_loadd(0, x0, Kp);
-                        _tile_dpbsud(4, 0, 2);
-                        _tile_dpbsud(5, 0, 3);
-                        _tile_loadd(1, x0 + (int64_t)16 * Kp, Kp);
-                        _tile_dpbsud(6, 1, 2);
-                        _tile_dpbsud(7, 1, 3);
-                        _tile_stored(4, sums[0], 64);
-                        _tile_stored(5, sums[1], 64);
-                        _tile_stored(6, sums[2], 64);
-                        _tile_stored(7, sums[3], 64);
+                        amx_multiply<true>(x0, x0 + (int64_t)16 * Kp, Kp);
+                        amx_store(sums);
                         for (int t = 0; t < 4; t++)
                             for (int i = 0; i < rows[t / 2]; i++) {
                                 const __m512 d = _mm512_set1_ps(dx[(int64_t)(m0 + 16 * (t / 2) + i) * nb + b]);
@@ -522,24 +545,13 @@ struct Int8 {
             const int8_t *left = (const int8_t *)panels.data(), *right = left + panel * 4;
             for (int m0 = 0; m0 < M; m0 += 32) {
                 const int8_t *x0 = xq + (int64_t)m0 * Kp, *x1 = x0 + (int64_t)16 * Kp;
-                _tile_zero(4);
-                _tile_zero(5);
-                _tile_zero(6);
-                _tile_zero(7);
+                amx_zero();
                 for (int c = 0; c < chunks; c++) {
                     _tile_loadd(2, left + c * 1024, 64);
                     _tile_loadd(3, right + c * 1024, 64);
-                    _tile_loadd(0, x0 + c * 64, Kp);
-                    _tile_dpbssd(4, 0, 2);
-                    _tile_dpbssd(5, 0, 3);
-                    _tile_loadd(1, x1 + c * 64, Kp);
-                    _tile_dpbssd(6, 1, 2);
-                    _tile_dpbssd(7, 1, 3);
+                    amx_multiply<false>(x0 + c * 64, x1 + c * 64, Kp);
                 }
-                _tile_stored(4, sums[0], 64);
-                _tile_stored(5, sums[1], 64);
-                _tile_stored(6, sums[2], 64);
-                _tile_stored(7, sums[3], 64);
+                amx_store(sums);
                 for (int t = 0; t < 4; t++) {
                     const int n0 = cg * 8 + 16 * (t % 2), cols = std::min({16, N - n0, g1 * 8 - n0});
                     if (cols <= 0) continue;
