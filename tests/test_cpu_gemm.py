@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,27 @@ def test_isa_paths_and_vendor_defines_follow_cpuinfo(monkeypatch, vendor, flags,
     monkeypatch.setattr(cpu_build, "_cpu_line", lambda key: lines[key].encode())
     assert cpu_build.runnable() == paths
     assert cpu_build.vendor_flags() == defines
+
+
+def test_a_path_whose_build_fails_gives_way_to_the_next(monkeypatch):
+    if "amx" not in cpu_build.runnable():
+        pytest.skip("no AMX here")
+    built = []
+
+    def library(source, flags):  # a compiler that knows no AMX flags
+        built.append(flags)
+        return None if "-mamx-tile" in flags else types.SimpleNamespace(flags=flags)
+
+    monkeypatch.setattr(cpu_build, "library", library)
+    monkeypatch.setattr(cpu_build, "_loaded", {})
+    monkeypatch.setenv("SPECLITE_CPU_ISA", "amx")
+    cpu_build.isa.cache_clear()
+    try:
+        lib = cpu_build.load("gemm.cpp", {})
+    finally:
+        monkeypatch.delenv("SPECLITE_CPU_ISA")
+        cpu_build.isa.cache_clear()
+    assert len(built) == 2 and "-mavx512vnni" in lib.flags and "-mamx-tile" not in lib.flags
 
 
 def test_kernels_build_where_the_cpu_and_compiler_allow():

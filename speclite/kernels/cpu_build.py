@@ -61,12 +61,17 @@ _loaded: dict[tuple[str, str | None], ctypes.CDLL | None] = {}
 
 
 def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
-    """kernels/cpu/`source` built for the process's ISA path (isa()) with each function's ctypes
-    argtypes set, or None where none may run or it does not build. Kept per source and path: the
+    """kernels/cpu/`source` built for the process's ISA path (isa()), or the best lesser one that
+    builds, with each function's ctypes argtypes set; None where none may run or builds. Kept per source and path: the
     tests switch paths (isa.cache_clear() after setting SPECLITE_CPU_ISA)."""
     key = (source, isa())
     if key not in _loaded:
-        lib = library(source, ISAS[key[1]][1] + vendor_flags() + FLAGS) if key[1] else None
+        lib, paths = None, runnable()
+        # A path that does not build (a compiler older than its flags, e.g. -mamx-tile) gives way to the next.
+        for path in paths[paths.index(key[1]):] if key[1] else ():
+            lib = library(source, ISAS[path][1] + vendor_flags() + FLAGS)
+            if lib is not None:
+                break
         for name, argtypes in signatures.items() if lib is not None else ():
             getattr(lib, name).argtypes = argtypes
         _loaded[key] = lib
