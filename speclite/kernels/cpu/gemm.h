@@ -165,6 +165,11 @@ inline void amx_multiply(const int8_t *x0, const int8_t *x1, int ld) {
     }
 }
 
+// Half h (8 columns) of `n` panel rows set to zeros: a group that is not the calling thread's.
+inline void amx_zero_half(int32_t *rows, int n, int h) {
+    for (int r = 0; r < n; r++) _mm256_storeu_si256((__m256i *)(rows + r * 16 + 8 * h), _mm256_setzero_si256());
+}
+
 inline void amx_zero() {
     _tile_zero(4);
     _tile_zero(5);
@@ -289,10 +294,7 @@ struct Int4 {
     // u[4 + j] (set B) hold quads 2j and 2j + 1 of their four columns each; one permute puts them in
     // column order. A group that is not the thread's is zeros.
     void to_panel(int32_t *rows, int g, int h, bool live) const {
-        if (!live) {
-            for (int r = 0; r < nb * 8; r++) _mm256_storeu_si256((__m256i *)(rows + r * 16 + 8 * h), _mm256_setzero_si256());
-            return;
-        }
+        if (!live) return amx_zero_half(rows, nb * 8, h);
         const __m256i low = _mm256_set1_epi8(0x0F);
         const __m512i order = _mm512_setr_epi32(0, 2, 8, 10, 4, 6, 12, 14, 1, 3, 9, 11, 5, 7, 13, 15);
         for (int b = 0; b < nb; b++) {
@@ -498,10 +500,7 @@ struct Int8 {
     // transposed by two rounds of two-register permutes. A group that is not the thread's is zeros.
     void to_panel(int32_t *rows, int g, int h, bool live) const {
         const int nb = Kp / 32;
-        if (!live) {
-            for (int r = 0; r < nb * 8; r++) _mm256_storeu_si256((__m256i *)(rows + r * 16 + 8 * h), _mm256_setzero_si256());
-            return;
-        }
+        if (!live) return amx_zero_half(rows, nb * 8, h);
         const __m512i lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
         const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
         const __m512i even = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
@@ -533,15 +532,15 @@ struct Int8 {
         const int nb = Kp / 32, chunks = (Kp + 63) / 64;
         const int64_t panel = (int64_t)chunks * 256;  // int32s
         if ((int64_t)panels.size() < 2 * panel) panels.resize(2 * panel);
+        for (int r = nb * 8; r < chunks * 16; r++) {  // K's last 32 when Kp is not a multiple of 64: to_panel leaves them
+            _mm512_storeu_si512(panels.data() + r * 16, _mm512_setzero_si512());
+            _mm512_storeu_si512(panels.data() + panel + r * 16, _mm512_setzero_si512());
+        }
         alignas(64) int32_t sums[4][256];
         alignas(64) float out[16];
         amx_configure(64);
         for (int cg = g0; cg < g1; cg += 4) {
             for (int q = 0; q < 4; q++) to_panel(panels.data() + (q / 2) * panel, cg + q, q % 2, cg + q < g1);
-            for (int r = nb * 8; r < chunks * 16; r++) {  // K's last 32 when Kp is not a multiple of 64
-                _mm512_storeu_si512(panels.data() + r * 16, _mm512_setzero_si512());
-                _mm512_storeu_si512(panels.data() + panel + r * 16, _mm512_setzero_si512());
-            }
             const int8_t *left = (const int8_t *)panels.data(), *right = left + panel * 4;
             for (int m0 = 0; m0 < M; m0 += 32) {
                 const int8_t *x0 = xq + (int64_t)m0 * Kp, *x1 = x0 + (int64_t)16 * Kp;
@@ -552,6 +551,8 @@ struct Int8 {
                     amx_multiply<false>(x0 + c * 64, x1 + c * 64, Kp);
                 }
                 amx_store(sums);
+                // epilogue()'s float operations with each 16 columns' scales loaded once (calling it per 8
+                // columns and row made a w8a8 prefill 0.66x)
                 for (int t = 0; t < 4; t++) {
                     const int n0 = cg * 8 + 16 * (t % 2), cols = std::min({16, N - n0, g1 * 8 - n0});
                     if (cols <= 0) continue;
