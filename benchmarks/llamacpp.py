@@ -156,13 +156,13 @@ def llama_bench(bins: Path, model: Path, threads: int, mode: str, depth: int = 3
     tries = bench_tries(mode, depth)
     key = (model.name, mode)
     while True:
-        args = tries[FALLBACKS.get(key, 0)]
+        i = FALLBACKS.get(key, 0)
         done = subprocess.run([str(bins / "llama-bench"), "-m", str(model), "-t", str(threads), "-r", "1", "-o", "json",
-                               *args], capture_output=True, text=True)
-        if done.returncode < 0 and FALLBACKS.get(key, 0) + 1 < len(tries):
-            FALLBACKS[key] = FALLBACKS.get(key, 0) + 1
-            print(f"llama-bench died of signal {-done.returncode} on {model.name} ({' '.join(args)}): "
-                  f"{' '.join(tries[FALLBACKS[key]])} from now on", flush=True)
+                               *tries[i]], capture_output=True, text=True)
+        if done.returncode < 0 and i + 1 < len(tries):
+            FALLBACKS[key] = i + 1
+            print(f"llama-bench died of signal {-done.returncode} on {model.name} ({' '.join(tries[i])}): "
+                  f"{' '.join(tries[i + 1])} from now on", flush=True)
             continue
         if done.returncode != 0:
             raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr[-2000:]}")
