@@ -27,7 +27,7 @@ from speclite.bench.roofline import copy_bandwidth
 from speclite.bench.runner import sync
 from speclite.engine.loop import Request, decode
 from speclite.engine.memory import step_bytes
-from speclite.model import load_model
+from speclite.model import arena, load_model
 from speclite.model.loader import resolve_device, resolve_dtype
 from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
@@ -107,6 +107,7 @@ def main():
             model = load_model(model_dir, device=device, dtype=dtype)
             if scheme != "none":
                 quantize_model(model, scheme)
+            arena.settle(model)  # as LLM places a user's weights (nothing to move on a GPU)
             ours[f"speclite {scheme}" + (" (static)" if args.static else "")] = model
         theirs = {}
         if not args.skip_transformers:

@@ -49,7 +49,7 @@ from speclite.api import LLM
 from speclite.kernels import cpu_build
 from speclite.engine.loop import Request, decode
 from speclite.sampling import SamplingParams
-from speclite.model import load_model
+from speclite.model import arena, load_model
 from speclite.quant import quantize_model
 from speclite.synthetic import build_synthetic, synthetic_config
 
@@ -268,6 +268,7 @@ def main():
     for label, quant, _ in rows:
         m = load_model(model_dir, device="cpu", dtype=torch.bfloat16)
         models[label] = quantize_model(m, quant, group_size=INT4_GROUP) if quant else m
+        arena.settle(models[label])  # as LLM places a user's weights
     gen = torch.Generator().manual_seed(0)
     vocab = next(iter(models.values())).args.vocab_size if rows else 0
     context = torch.randint(0, vocab, (args.depth,), generator=gen).tolist() if rows else []

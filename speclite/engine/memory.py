@@ -6,19 +6,15 @@ import torch
 
 
 def model_bytes(model) -> int:
-    """Bytes of parameters and buffers, each storage once (tied embeddings are one tensor).
+    """Bytes of parameters and buffers, each tensor once (tied embeddings are one tensor; models
+    whose weights share one arena, speclite.model.arena, count their own tensors only).
 
     A wrapper around a model (the static CUDA-graph decoder) counts the model it wraps.
     """
     if not isinstance(model, torch.nn.Module):
         model = model.model
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        key = t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
+    seen = {(t.data_ptr(), t.nbytes) for t in list(model.parameters()) + list(model.buffers())}
+    return sum(nbytes for _, nbytes in seen)
 
 
 def step_bytes(model) -> int:
@@ -28,6 +24,6 @@ def step_bytes(model) -> int:
         model = model.model
     embed = model.model.embed_tokens.weight
     weight = getattr(getattr(model, "lm_head", None), "weight", None)  # a quantized head has none: not tied
-    if weight is not None and weight.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr():
+    if weight is not None and weight.data_ptr() == embed.data_ptr():
         return model_bytes(model)
-    return model_bytes(model) - embed.untyped_storage().nbytes() + embed[0].nbytes
+    return model_bytes(model) - embed.nbytes + embed[0].nbytes
