@@ -4,7 +4,6 @@ what models share, and what LLM reports as resident unchanged."""
 from __future__ import annotations
 
 import mmap
-import sys
 
 import pytest
 import torch
@@ -85,6 +84,25 @@ def test_llm_reports_the_same_resident_bytes(pair):
                for t in cpu_tensors(llm.target) + cpu_tensors(drafted))  # one arena for both
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="smaps")
+class NoAdvice(mmap.mmap):
+    def madvise(self, *args):
+        raise OSError(22, "Invalid argument")  # a kernel built without THP
+
+
+def no_room(*args, **kwargs):
+    raise OSError(12, "Cannot allocate memory")  # strict overcommit
+
+
+@pytest.mark.parametrize("mapping, settles", [(no_room, False), (NoAdvice, True)])
+def test_a_refused_mapping_or_advice_loses_nothing(model_dirs, monkeypatch, mapping, settles):
+    model = load_model(model_dirs["llama"], "cpu", torch.float32)
+    held = cpu_tensors(model)
+    monkeypatch.setattr(arena.mmap, "mmap", mapping)
+    region = arena.settle(model)
+    assert (region is not None) == settles
+    assert all((t is old) != settles for t, old in zip(cpu_tensors(model), held))
+    assert all(torch.equal(t, old) for t, old in zip(cpu_tensors(model), held))
+
+
 def test_nothing_to_move_is_no_arena():
     assert arena.settle(nn.Module()) is None

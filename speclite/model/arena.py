@@ -22,9 +22,9 @@ HUGE_PAGE = 2 << 20
 
 def settle(*models: nn.Module) -> torch.Tensor | None:
     """Move every contiguous CPU parameter and buffer of `models` into one arena, in module order,
-    and return it (None where there is nothing to move or no MADV_HUGEPAGE). A tensor that several
-    modules or models hold (tied embeddings, a head reading the target's table) is copied once and
-    stays shared. Call before the first forward: kernels keep pointers to the weights they were
+    and return it (None where there is nothing to move, no MADV_HUGEPAGE or no room for a mapping).
+    A tensor that several modules or models hold (tied embeddings, a head reading the target's
+    table) is copied once and stays shared. Call before the first forward: kernels keep pointers to the weights they were
     built for. Each tensor is copied and let go in turn, so memory peaks at the models plus their
     largest tensor, not twice the models."""
     if not hasattr(mmap, "MADV_HUGEPAGE"):
@@ -37,8 +37,14 @@ def settle(*models: nn.Module) -> torch.Tensor | None:
             size += -(-t.nbytes // ALIGN) * ALIGN
     if size == 0:
         return None
-    mapping = mmap.mmap(-1, -(-size // HUGE_PAGE) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mapping.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: the copies fault in huge pages
+    try:
+        mapping = mmap.mmap(-1, -(-size // HUGE_PAGE) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:  # no room for the mapping (strict overcommit): the weights stay where they are
+        return None
+    try:
+        mapping.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: the copies fault in huge pages
+    except OSError:  # a kernel built without THP: one mapping in forward order still
+        pass
     arena = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive while any view does
     moved, placed = {}, set()
     for table, name, t in _tensors(models):
