@@ -24,9 +24,9 @@ def settle(*models: nn.Module) -> torch.Tensor | None:
     """Move every contiguous CPU parameter and buffer of `models` into one arena, in module order,
     and return it (None where there is nothing to move, no MADV_HUGEPAGE or no room for a mapping).
     A tensor that several modules or models hold (tied embeddings, a head reading the target's
-    table) is copied once and stays shared. Call before the first forward: kernels keep pointers to the weights they were
-    built for. Each tensor is copied and let go in turn, so memory peaks at the models plus their
-    largest tensor, not twice the models."""
+    table) is copied once and stays shared. Call before the first forward: kernels keep pointers to
+    the weights they were built for. Each tensor is copied and let go in turn, so memory peaks at
+    the models plus their largest tensor, not twice the models."""
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
     # First the layout (keys only: holding the tensors here would keep every old copy alive).
@@ -73,5 +73,6 @@ def _tensors(models):
         for module in model.modules():
             for table in (module._parameters, module._buffers):
                 for name, t in list(table.items()):
-                    if type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu" and t.is_contiguous() and t.numel():
+                    cpu = type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu"
+                    if cpu and t.is_contiguous() and t.numel():
                         yield table, name, t

@@ -59,7 +59,7 @@ constexpr bool PREFETCH_ONE_ROW = false;
 constexpr bool PREFETCH_ONE_ROW = true;
 #endif
 // int4's one row also asks the L2 for its stream FAR_PREFETCH bytes ahead, first, on Intel CPUs:
-// whole int4 decode steps 1.19-1.25x on the AMX Xeon's amx build, within 1% of before on its avx512
+// whole int4/int4 decode steps 1.15-1.19x on the AMX Xeon's amx build, within 1% on its avx512
 // and avx2 builds and on 5-row products (benchmarks/RESULTS.md, 2026-11-25; the gain moved with the
 // loop's code, so it is measured, not explained). AMD keeps what Zen 3 was tuned with (not measured).
 #if defined(SPECLITE_AMD)
