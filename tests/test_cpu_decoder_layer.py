@@ -126,3 +126,25 @@ def test_greedy_chain_declines_where_the_steps_must_run_one_by_one(isa, model_di
         hook.remove()
         assert len(model.greedy_chain(5, cache, 2, model.args.vocab_size)) == 2
     assert cache.length == 4
+
+
+@needs_kernels
+@pytest.mark.parametrize("quant", [None, "int4", "w8a8"])
+def test_a_team_of_two_threads_gives_one_threads_numbers(isa, model_dirs, quant):
+    # Every product of a whole step ends in the team's own barrier (gemm.h, TeamBarrier) and the next
+    # reads what both threads wrote: a barrier that let a thread through early would read a stale
+    # row. Logits, states and caches of every step kind, two threads against one, bit for bit.
+    model = load_model(model_dirs["qwen3"], device="cpu", dtype=torch.bfloat16)
+    if quant:
+        model = quantize_model(model, quant, group_size=32)
+    threads = torch.get_num_threads()
+    try:
+        runs = []
+        for n in (2, 1, 2):
+            torch.set_num_threads(n)
+            with torch.inference_mode():
+                runs.append(run_steps(model))
+    finally:
+        torch.set_num_threads(threads)
+    for run in runs[1:]:
+        assert len(run) == len(runs[0]) and all(torch.equal(a, b) for a, b in zip(run, runs[0]))

@@ -36,7 +36,10 @@
 #include <unistd.h>
 #endif
 
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "values.h"
@@ -119,10 +122,39 @@ inline void split(int N, int step, int threads, int t, int &n0, int &n1) {
     n1 = std::min(N, (int)((int64_t)tiles * (t + 1) / threads) * step);
 }
 
+// The barrier that ends every product: a spin of BARRIER_SPIN pauses, then sched_yield until the
+// last thread arrives, never sleeping. libgomp's barrier spins GOMP_SPINCOUNT (1000, set by speclite
+// so that a busy neighbour does not starve the team) and then sleeps, and a product's threads often
+// finish more than that apart, so the next product waited for a wake-up: whole int4 decode steps ran
+// 1.10-1.14x faster with this barrier on the AMX Xeon, and 0.96-0.98x of before beside a busy
+// process (a yield hands the core to the thread the team waits for; yielding sooner measured 0.77-0.87x
+// there). benchmarks/RESULTS.md, 2026-11-25.
+constexpr int BARRIER_SPIN = 1000;
+
+struct TeamBarrier {
+    alignas(64) std::atomic<int> arrived{0};
+    alignas(64) std::atomic<unsigned> generation{0};
+
+    // Returns once all `threads` threads of the team have called it; what each wrote before is
+    // visible to all after (the arrivals release, the last one's generation store publishes them).
+    void wait(int threads) {
+        const unsigned gen = generation.load(std::memory_order_acquire);
+        if (arrived.fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
+            arrived.store(0, std::memory_order_relaxed);
+            generation.store(gen + 1, std::memory_order_release);
+            return;
+        }
+        for (int spins = 0; generation.load(std::memory_order_acquire) == gen; spins++)
+            if (spins < BARRIER_SPIN) _mm_pause(); else sched_yield();
+    }
+};
+
+// A caller's scratch, shared by its team (so teams of different callers never share a barrier).
 struct Scratch {
     std::vector<int8_t> q;
     std::vector<float> a, b;
     std::vector<int32_t> s;
+    TeamBarrier barrier;
 };
 thread_local Scratch scratch;
 
@@ -925,7 +957,7 @@ inline void in_groups(const Matrices &mt, void *y, int dt, int M, int T, int t, 
 
 // y [M, n] = x [M, k] @ [W_0; W_1; ...]^T (+ bias), run by every thread of the current team (a
 // single thread outside one). `sc` is one scratch shared by the team, reserved for these matrices
-// and M. Ends in a barrier: y is whole.
+// and M. Ends in the team's barrier: y is whole.
 inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *y, Scratch &sc) {
     const int K = mt.k, T = omp_get_num_threads(), t = omp_get_thread_num();
     if (mt.kind == INT4) {
@@ -986,7 +1018,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, first + a, first + b);
         }
     }
-#pragma omp barrier
+    sc.barrier.wait(T);
 }
 
 }  // namespace
