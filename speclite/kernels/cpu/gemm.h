@@ -122,7 +122,7 @@ inline void split(int N, int step, int threads, int t, int &n0, int &n1) {
     n1 = std::min(N, (int)((int64_t)tiles * (t + 1) / threads) * step);
 }
 
-// The barrier that ends every product: a spin of BARRIER_SPIN pauses, then sched_yield until the
+// The barrier of every product (after the activations are prepared, and at the end): a spin of BARRIER_SPIN pauses, then sched_yield until the
 // last thread arrives, never sleeping. libgomp's barrier spins GOMP_SPINCOUNT (1000, set by speclite
 // so that a busy neighbour does not starve the team) and then sleeps, and a product's threads often
 // finish more than that apart, so the next product waited for a wake-up: whole int4 decode steps ran
@@ -962,7 +962,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
     const int K = mt.k, T = omp_get_num_threads(), t = omp_get_thread_num();
     if (mt.kind == INT4) {
         const int nb = (K + 31) / 32, Kp = nb * 32, G = (K + mt.group - 1) / mt.group, bpg = mt.group / 32;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) {
             float *d = sc.a.data() + (int64_t)m * nb;
             int32_t *sums = sc.s.data() + (int64_t)m * nb;
@@ -973,6 +973,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
                 sc.b[(int64_t)m * G + g] = s;
             }
         }
+        sc.barrier.wait(T);
         in_groups(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
             const Int4 k4{sc.q.data(), sc.a.data(), sc.b.data(), (const uint8_t *)mt.w[p], (const uint16_t *)mt.scales[p],
                           (const uint8_t *)mt.zeros[p], y, dt, mt.ns[p], Kp, nb, G, bpg, mt.n, y0};
@@ -980,8 +981,9 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         });
     } else if (mt.kind == INT8) {
         const int Kp = (K + 31) / 32 * 32;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
+        sc.barrier.wait(T);
         in_groups(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
             const Int8 k8{sc.q.data(), sc.a.data(), sc.s.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt,
                           mt.ns[p], Kp, mt.n, y0};
@@ -996,17 +998,19 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             xf = nullptr;
         } else if (Dense::halves(mt.wdt)) {
             const int K16 = K & ~15;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int m = 0; m < M; m++)
                 for (int i = 0; i < K; i++) {
                     const int to = i < K16 ? (i & ~15) + (i & 1) * 8 + (i & 15) / 2 : i;  // even-indexed first
                     sc.a[(int64_t)m * K + to] = to_float(x, dt, (int64_t)m * K + i);
                 }
+            sc.barrier.wait(T);
             xf = sc.a.data();
         } else if (dt != F32) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int m = 0; m < M; m++)
                 for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
+            sc.barrier.wait(T);
             xf = sc.a.data();
         }
         int c0, c1;

@@ -78,24 +78,25 @@ thread_local std::vector<char> layer_states;
 // embedding rows, else null). Ends in a barrier.
 inline void layer_team(const Layer &ly, const Step &st, const void *x, const void *e, void *out, void *cache_k,
                        void *cache_v, const Buffers &bufs, Scratch &sc) {
-    const int dt = st.dt, M = st.M, H = (int)bufs.H, K = (int)bufs.K, I = (int)(bufs.G / 2);
+    const int dt = st.dt, M = st.M, H = (int)bufs.H, K = (int)bufs.K, I = (int)(bufs.G / 2), T = omp_get_num_threads();
     const int64_t es = dt == F32 ? 4 : 2;
     char *normed = (char *)bufs.data.data(), *qkv = normed + es * M * K, *att = qkv + es * M * bufs.W;
     char *o = att + es * M * bufs.A, *gu = o + es * M * H, *act = gu + es * M * bufs.G, *down = act + es * M * I;
     if (ly.in_proj) {  // MTP: the block's input is in_proj of the normed pair
         char *cat = down + es * M * H, *proj = cat + es * M * 2 * H;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) {
             rms_norm_row(at(e, dt, (int64_t)m * H), ly.enorm, at(cat, dt, (int64_t)m * 2 * H + (ly.state_first ? H : 0)), dt, 0, H, ly.eps);
             rms_norm_row(at(x, dt, (int64_t)m * H), ly.hnorm, at(cat, dt, (int64_t)m * 2 * H + (ly.state_first ? 0 : H)), dt, 0, H, ly.eps);
         }
+        sc.barrier.wait(T);
         matmul_team(*ly.in_proj, cat, dt, M, proj, sc);
         x = proj;
     }
     const bool eagle = ly.hnorm && !ly.in_proj;
     // The attention adds to x, or (EAGLE-3, residual_normed) to hnorm(x), kept in out meanwhile.
     const void *residual = eagle && ly.residual_normed ? out : x;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) {
         if (eagle) {
             rms_norm_row(at(e, dt, (int64_t)m * H), ly.norm1, at(normed, dt, (int64_t)m * K), dt, 0, H, ly.eps);
@@ -105,21 +106,24 @@ inline void layer_team(const Layer &ly, const Step &st, const void *x, const voi
             rms_norm_row(x, ly.norm1, normed, dt, m, H, ly.eps);
         }
     }
+    sc.barrier.wait(T);
     matmul_team(*ly.qkv, normed, dt, M, qkv, sc);
     attention_team(qkv, st.cos, st.sin, cache_k, cache_v, att, st.mask, dt, M, ly.heads, ly.kv_heads, ly.head_dim,
-                   st.max_len, st.start, st.L, st.scale, ly.qk_norm, ly.eps);
+                   st.max_len, st.start, st.L, st.scale, ly.qk_norm, ly.eps, sc.barrier);
     matmul_team(*ly.o, att, dt, M, o, sc);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) {
         for (int64_t i = (int64_t)m * H; i < (int64_t)(m + 1) * H; i++)
             store(out, dt, i, to_float(residual, dt, i) + to_float(o, dt, i));
         rms_norm_row(out, ly.norm2, normed, dt, m, H, ly.eps);
     }
+    sc.barrier.wait(T);
     matmul_team(*ly.gate_up, normed, dt, M, gu, sc);
-    swiglu_team(gu, act, dt, M, I);
+    swiglu_team(gu, act, dt, M, I, sc.barrier);
     matmul_team(*ly.down, act, dt, M, down, sc);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t i = 0; i < (int64_t)M * H; i++) store(out, dt, i, to_float(out, dt, i) + to_float(down, dt, i));
+    sc.barrier.wait(T);
 }
 
 // A model's layers (and head) run by a team: speclite_decoder_layers' body, shared with the greedy
@@ -156,8 +160,9 @@ struct Model {
             // The layers' normed-input buffer is free now (row m of it holds row m's state).
             char *to = normed ? (char *)normed : bufs.data.data();
             const int H = (int)bufs.H, M = st.M;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int m = normed ? 0 : M - R; m < M; m++) rms_norm_row(out, head->norm, to, st.dt, m, H, head->eps);
+            sc.barrier.wait(omp_get_num_threads());
             matmul_team(*head->mats, to + (int64_t)H * (st.dt == F32 ? 4 : 2) * (M - R), st.dt, R, logits, sc);
         }
     }
@@ -171,15 +176,17 @@ void speclite_rms_norm(const void *x, const void *weight, void *y, int dt, int M
     for (int m = 0; m < M; m++) rms_norm_row(x, weight, y, dt, m, H, eps);
 }
 
-void speclite_swiglu(const void *gate_up, void *y, int dt, int M, int I) { swiglu_team(gate_up, y, dt, M, I); }
+void speclite_swiglu(const void *gate_up, void *y, int dt, int M, int I) { swiglu_team(gate_up, y, dt, M, I, scratch.barrier); }
 
 void speclite_attention(const void *qkv, const void *cos, const void *sin, void *cache_k, void *cache_v, void *out,
                         const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
                         float scale, const void *const *qk_norm, float eps, int threads) {
     // A fork costs more than a short decode step's attention: one thread unless there is real work.
     const int64_t work = (int64_t)t * H * L * d;
+    Scratch &sc = scratch;  // the caller's: its barrier serves the team
 #pragma omp parallel num_threads(work > (1 << 18) ? threads : 1)
-    attention_team(qkv, cos, sin, cache_k, cache_v, out, mask, dt, t, H, Hkv, d, max_len, start, L, scale, qk_norm, eps);
+    attention_team(qkv, cos, sin, cache_k, cache_v, out, mask, dt, t, H, Hkv, d, max_len, start, L, scale, qk_norm, eps,
+                   sc.barrier);
 }
 
 // The n decoder layers of a model (or one block, n = 1) in one team: x [M, H] through
@@ -226,11 +233,12 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
         const Step st{dt, 1, (const char *)cos + es * d * i, (const char *)sin + es * d * i, nullptr, max_len,
                       start + i, start + i + 1, scale};
         model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
-#pragma omp single
+#pragma omp single nowait
         {
             tokens[i] = argmax(logits.data(), dt, std::min(vocab, V));
             memcpy(x.data(), (const char *)embed + es * H * tokens[i], es * H);
-        }  // the team waits here: the next step reads x
+        }
+        model.sc.barrier.wait(omp_get_num_threads());  // the next step reads x
     }
 }
 
@@ -262,13 +270,14 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
         const Step st{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, at_pos, at_pos + M, scale};
         model.forward_team(st, x.data(), e.data(), out.data(), captures, &cache_k, &cache_v, 1, normed.data(),
                            logits.data());
-#pragma omp single
+#pragma omp single nowait
         {
             const int best = argmax(logits.data(), dt, V);
             tokens[i] = vocab_map ? (int)vocab_map[best] : best;
             memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
             memcpy(e.data(), (const char *)embed + row * tokens[i], row);
-        }  // the team waits here: the next step reads x and e
+        }
+        model.sc.barrier.wait(omp_get_num_threads());  // the next step reads x and e
     }
 }
 
