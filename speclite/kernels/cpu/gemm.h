@@ -122,13 +122,13 @@ inline void split(int N, int step, int threads, int t, int &n0, int &n1) {
     n1 = std::min(N, (int)((int64_t)tiles * (t + 1) / threads) * step);
 }
 
-// The barrier of every product (after the activations are prepared, and at the end): a spin of BARRIER_SPIN pauses, then sched_yield until the
-// last thread arrives, never sleeping. libgomp's barrier spins GOMP_SPINCOUNT (1000, set by speclite
-// so that a busy neighbour does not starve the team) and then sleeps, and a product's threads often
-// finish more than that apart, so the next product waited for a wake-up: whole int4 decode steps ran
-// 1.10-1.14x faster with this barrier on the AMX Xeon, and 0.96-0.98x of before beside a busy
-// process (a yield hands the core to the thread the team waits for; yielding sooner measured 0.77-0.87x
-// there). benchmarks/RESULTS.md, 2026-11-25.
+// Every barrier inside a team (gemm.h's products, layer_ops' row loops and chains): a spin of
+// BARRIER_SPIN pauses, then sched_yield until the last thread arrives, never sleeping. libgomp's
+// barrier spins GOMP_SPINCOUNT (1000, set by speclite so that a busy neighbour does not starve the
+// team) and then sleeps, and a product's threads often finish more than that apart, so the next
+// product waited for a wake-up: whole int4 decode steps ran 1.13-1.16x faster on the AMX Xeon, and
+// beside a busy process no slower (a yield hands the core to the thread the team waits for; yielding
+// sooner measured 0.77-0.87x there). benchmarks/RESULTS.md, 2026-11-25.
 constexpr int BARRIER_SPIN = 1000;
 
 struct TeamBarrier {
