@@ -110,7 +110,7 @@ def _build(compiler: str, source: Path, flags, target: Path) -> bool:
 
 def vendor_flags() -> tuple[str, ...]:
     """Defines for what is tuned per CPU maker rather than per ISA: -DSPECLITE_AMD on AMD's (gemm.h,
-    PREFETCH_ONE_ROW)."""
+    PREFETCH_ONE_ROW and FAR_PREFETCH)."""
     return ("-DSPECLITE_AMD",) if _cpu_line("vendor_id").split()[-1:] == [b"AuthenticAMD"] else ()
 
 
