@@ -2,9 +2,10 @@
 
 import os
 
-# Before torch loads libgomp: its idle threads spin ~300k iterations before sleeping, and with
-# another busy process on the machine every parallel region then waits for a starved spinner
-# (decode measured 3-20x slower under load). A short spin keeps the idle speed (RESULTS.md, Threads).
+# Before torch loads libgomp (torch's own ops; speclite's kernels have their own team,
+# kernels/cpu/team.h): its idle threads spin ~300k iterations before sleeping, and with another busy
+# process on the machine every parallel region then waits for a starved spinner (decode measured
+# 3-20x slower under load). A short spin keeps the idle speed (RESULTS.md, Threads).
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 # torch's CPU allocator then puts tensors of 2 MB and more on transparent huge pages: a decode step

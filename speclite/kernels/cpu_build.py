@@ -36,7 +36,7 @@ ISAS = {
     "avx2": ({"avx2", "fma", "f16c"}, ("-mavx2", "-mfma", "-mf16c")),
 }
 # -ffp-contract=off: the compiler may not fuse a multiply and an add differently in different tiles.
-FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-pthread", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
 
 
 def runnable() -> list[str]:
@@ -62,8 +62,9 @@ _loaded: dict[tuple[str, str | None], ctypes.CDLL | None] = {}
 
 def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
     """kernels/cpu/`source` built for the process's ISA path (isa()), or the best lesser one that
-    builds, with each function's ctypes argtypes set; None where none may run or builds. Kept per source and path: the
-    tests switch paths (isa.cache_clear() after setting SPECLITE_CPU_ISA)."""
+    builds, with the ctypes argtypes of `signatures`' functions set; None where none may run or
+    builds. Kept per source and path: the tests switch paths (isa.cache_clear() after setting
+    SPECLITE_CPU_ISA)."""
     key = (source, isa())
     if key not in _loaded:
         lib, paths = None, runnable()
@@ -72,10 +73,11 @@ def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
             lib = library(source, ISAS[path][1] + vendor_flags() + FLAGS)
             if lib is not None:
                 break
-        for name, argtypes in signatures.items() if lib is not None else ():
-            getattr(lib, name).argtypes = argtypes
         _loaded[key] = lib
-    return _loaded[key]
+    lib = _loaded[key]
+    for name, argtypes in signatures.items() if lib is not None else ():
+        getattr(lib, name).argtypes = argtypes  # several modules may load one library, each its functions
+    return lib
 
 
 @functools.cache
@@ -91,7 +93,7 @@ def library(source: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
     target = cache / f"{path.stem}-{key}.so"
     if not target.exists() and not _build(compiler, path, flags, target):
         return None
-    return ctypes.CDLL(str(target))  # torch is loaded first, so its OpenMP runtime serves this one too
+    return ctypes.CDLL(str(target))
 
 
 def _build(compiler: str, source: Path, flags, target: Path) -> bool:

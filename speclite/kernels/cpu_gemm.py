@@ -157,4 +157,4 @@ SIGNATURES = {"speclite_matmul": [_P, _I, _P, _P, _I, _I]}
 
 
 def _library():
-    return cpu_build.load("gemm.cpp", SIGNATURES)
+    return cpu_build.load("kernels.cpp", SIGNATURES)

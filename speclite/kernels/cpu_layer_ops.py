@@ -1,4 +1,4 @@
-"""speclite's CPU kernels for a decoder layer (kernels/cpu/layer_ops.cpp): RMSNorm, SwiGLU,
+"""speclite's CPU kernels for a decoder layer (kernels/cpu/kernels.cpp, layer_ops.h): RMSNorm, SwiGLU,
 and RoPE + KV-cache write + attention, one C call each instead of ~30 torch ops per layer; and the
 whole layer (those and its four cpu_gemm products) in one call and one thread team.
 
@@ -69,9 +69,9 @@ class Layer(ctypes.Structure):
     """One decoder block for decoder_layers: its four products (cpu_gemm.Matrices: q/k/v joined, o,
     gate/up joined, down), its two RMSNorm weights (the activations' dtype), Qwen3's q and k norm
     weights or None, and its attention shape. A drafting head's layer also reads an embedding beside
-    the state (`head`, see struct Layer in layer_ops.cpp): EAGLE-3's (hidden_norm weight, whether the
+    the state (`head`, see struct Layer in kernels.cpp): EAGLE-3's (hidden_norm weight, whether the
     attention adds to the normed state) or MTP's (hnorm and enorm weights, eh_proj's Matrices,
-    whether the state comes first). Mirrors struct Layer in layer_ops.cpp."""
+    whether the state comes first). Mirrors struct Layer in kernels.cpp."""
 
     _fields_ = [("qkv", ctypes.POINTER(Matrices)), ("o", ctypes.POINTER(Matrices)),
                 ("gate_up", ctypes.POINTER(Matrices)), ("down", ctypes.POINTER(Matrices)),
@@ -94,7 +94,7 @@ class Layer(ctypes.Structure):
 
 class Head(ctypes.Structure):
     """A model's final RMSNorm (weight of the activations' dtype) and its lm_head (cpu_gemm.Matrices),
-    run by decoder_layers after the last layer. Mirrors struct Head in layer_ops.cpp."""
+    run by decoder_layers after the last layer. Mirrors struct Head in kernels.cpp."""
 
     _fields_ = [("mats", ctypes.POINTER(Matrices)), ("norm", _P), ("eps", _F)]
 
@@ -205,4 +205,4 @@ SIGNATURES = {
 
 
 def _library():
-    return cpu_build.load("layer_ops.cpp", SIGNATURES)
+    return cpu_build.load("kernels.cpp", SIGNATURES)

@@ -22,13 +22,11 @@
 // different tiles. So a row computed alone equals that row in a batch, bit for bit: speculative
 // verification of k+1 rows gives the plain decoder's logits.
 //
-// Threads (OpenMP, torch's runtime once torch is loaded) split the output columns statically.
-// matmul_team is run by every thread of a team: one call forks it (gemm.cpp), a decoder layer
-// (layer_ops.cpp) runs its four products and the work between them in one team. Rows are
+// A team's threads (team.h) split the output columns statically. matmul_team is run by every
+// thread of a team: one call starts one (speclite_matmul), a decoder layer
+// (kernels.cpp) runs its four products and the work between them in one team. Rows are
 // walked in chunks so a chunk's activations stay in cache while the weights stream.
 #pragma once
-
-#include <omp.h>
 
 #include <cmath>
 #if defined(__AMX_INT8__)
@@ -36,12 +34,10 @@
 #include <unistd.h>
 #endif
 
-#include <sched.h>
-
 #include <algorithm>
-#include <atomic>
 #include <vector>
 
+#include "team.h"
 #include "values.h"
 
 namespace {
@@ -122,39 +118,12 @@ inline void split(int N, int step, int threads, int t, int &n0, int &n1) {
     n1 = std::min(N, (int)((int64_t)tiles * (t + 1) / threads) * step);
 }
 
-// Every barrier inside a team (gemm.h's products, layer_ops' row loops and chains): a spin of
-// BARRIER_SPIN pauses, then sched_yield until the last thread arrives, never sleeping. libgomp's
-// barrier spins GOMP_SPINCOUNT (1000, set by speclite so that a busy neighbour does not starve the
-// team) and then sleeps, and a product's threads often finish more than that apart, so the next
-// product waited for a wake-up: whole int4 decode steps ran 1.13-1.16x faster on the AMX Xeon, and
-// beside a busy process no slower (a yield hands the core to the thread the team waits for; yielding
-// sooner measured 0.77-0.87x there). benchmarks/RESULTS.md, 2026-11-25.
-constexpr int BARRIER_SPIN = 1000;
-
-struct TeamBarrier {
-    alignas(64) std::atomic<int> arrived{0};
-    alignas(64) std::atomic<unsigned> generation{0};
-
-    // Returns once all `threads` threads of the team have called it; what each wrote before is
-    // visible to all after (the arrivals release, the last one's generation store publishes them).
-    void wait(int threads) {
-        const unsigned gen = generation.load(std::memory_order_acquire);
-        if (arrived.fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
-            arrived.store(0, std::memory_order_relaxed);
-            generation.store(gen + 1, std::memory_order_release);
-            return;
-        }
-        for (int spins = 0; generation.load(std::memory_order_acquire) == gen; spins++)
-            if (spins < BARRIER_SPIN) _mm_pause(); else sched_yield();
-    }
-};
-
 // A caller's scratch, shared by its team (so teams of different callers never share a barrier).
 struct Scratch {
     std::vector<int8_t> q;
     std::vector<float> a, b;
     std::vector<int32_t> s;
-    TeamBarrier barrier;
+    team::TeamBarrier barrier;
 };
 thread_local Scratch scratch;
 
@@ -959,11 +928,11 @@ inline void in_groups(const Matrices &mt, void *y, int dt, int M, int T, int t, 
 // single thread outside one). `sc` is one scratch shared by the team, reserved for these matrices
 // and M. Ends in the team's barrier: y is whole.
 inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *y, Scratch &sc) {
-    const int K = mt.k, T = omp_get_num_threads(), t = omp_get_thread_num();
+    const int K = mt.k, T = team::size(), t = team::id();
+    const auto [m0, m1] = team::share(M);
     if (mt.kind == INT4) {
         const int nb = (K + 31) / 32, Kp = nb * 32, G = (K + mt.group - 1) / mt.group, bpg = mt.group / 32;
-#pragma omp for schedule(static) nowait
-        for (int m = 0; m < M; m++) {
+        for (int m = m0; m < m1; m++) {
             float *d = sc.a.data() + (int64_t)m * nb;
             int32_t *sums = sc.s.data() + (int64_t)m * nb;
             quantize_row(x, dt, m, K, Kp, 32, sc.q.data() + (int64_t)m * Kp, d, sums);
@@ -981,8 +950,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         });
     } else if (mt.kind == INT8) {
         const int Kp = (K + 31) / 32 * 32;
-#pragma omp for schedule(static) nowait
-        for (int m = 0; m < M; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
+        for (int m = m0; m < m1; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
         sc.barrier.wait(T);
         in_groups(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
             const Int8 k8{sc.q.data(), sc.a.data(), sc.s.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt,
@@ -998,8 +966,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             xf = nullptr;
         } else if (Dense::halves(mt.wdt)) {
             const int K16 = K & ~15;
-#pragma omp for schedule(static) nowait
-            for (int m = 0; m < M; m++)
+            for (int m = m0; m < m1; m++)
                 for (int i = 0; i < K; i++) {
                     const int to = i < K16 ? (i & ~15) + (i & 1) * 8 + (i & 15) / 2 : i;  // even-indexed first
                     sc.a[(int64_t)m * K + to] = to_float(x, dt, (int64_t)m * K + i);
@@ -1007,8 +974,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             sc.barrier.wait(T);
             xf = sc.a.data();
         } else if (dt != F32) {
-#pragma omp for schedule(static) nowait
-            for (int m = 0; m < M; m++)
+            for (int m = m0; m < m1; m++)
                 for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
             sc.barrier.wait(T);
             xf = sc.a.data();

@@ -1,5 +1,5 @@
 // The decoder's non-matmul work for x86 CPUs with AVX2 + FMA + F16C: RMSNorm, SwiGLU, and RoPE +
-// KV-cache write + attention, as functions a thread team runs (layer_ops.cpp calls them one at a
+// KV-cache write + attention, as functions a thread team runs (kernels.cpp calls them one at a
 // time from Python, or a whole decoder layer in one team). In torch eager these are 6 and ~20 small
 // ops per layer, whose dispatch cost more than their arithmetic on one decode row.
 //
@@ -8,14 +8,12 @@
 // whatever the other rows are, so verifying k+1 tokens gives the logits of k+1 single steps.
 #pragma once
 
-#include <omp.h>
-
 #include <cmath>
 
 #include <algorithm>
 #include <vector>
 
-#include "gemm.h"  // TeamBarrier
+#include "team.h"
 #include "values.h"
 
 namespace {
@@ -128,11 +126,11 @@ inline __m256 exp8(__m256 x) {
 // y [M, I] = round(silu(gate)) * up, rounded, for gate_up [M, 2I] (gate columns, then up), as torch's
 // F.silu(gate) * up rounds it in the dtype. The team splits the rows' columns in chunks. Column i's
 // arithmetic depends on i alone (exp8 for the columns below I rounded down to 8, std::exp above).
-inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I, TeamBarrier &bar) {
+inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I, team::TeamBarrier &bar) {
     constexpr int CHUNK = 256;
     const int chunks = (I + CHUNK - 1) / CHUNK, I8 = I & ~7;
-#pragma omp for schedule(static) nowait
-    for (int task = 0; task < M * chunks; task++) {
+    const auto [task0, task1] = team::share(M * chunks);
+    for (int task = task0; task < task1; task++) {
         const int m = task / chunks, i1 = std::min(I, (task % chunks + 1) * CHUNK);
         const int64_t gate = (int64_t)m * 2 * I, up = gate + I, out = (int64_t)m * I;
         int i = task % chunks * CHUNK;
@@ -147,7 +145,7 @@ inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I, Team
             store(y, dt, out + i, round_to(dt, g / (1.f + std::exp(-g))) * to_float(gate_up, dt, up + i));
         }
     }
-    bar.wait(omp_get_num_threads());
+    bar.wait(team::size());
 }
 
 // One attention layer's work after the q/k/v projections, for t new tokens, run by a team:
@@ -161,7 +159,7 @@ inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I, Team
 // visible keys alone, whatever L is. Ends in a barrier: out is whole.
 inline void attention_team(const void *qkv, const void *cos, const void *sin, void *cache_k, void *cache_v, void *out,
                            const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
-                           float scale, const void *const *qk_norm, float eps, TeamBarrier &bar) {
+                           float scale, const void *const *qk_norm, float eps, team::TeamBarrier &bar) {
     const int half = d / 2, width = (H + 2 * Hkv) * d, group = H / Hkv;
     std::vector<float> q(d), acc(d), scores((L + 7) / 8 * 8);
     std::vector<char> normed(4 * d);
@@ -178,17 +176,17 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
             dst[e] = x * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
         }
     };
-#pragma omp for schedule(static) nowait
-    for (int task = 0; task < t * Hkv; task++) {
+    const auto [kv0, kv1] = team::share(t * Hkv);
+    for (int task = kv0; task < kv1; task++) {
         const int i = task / Hkv, h = task % Hkv;
         const int64_t slot = ((int64_t)h * max_len + start + i) * d;
         rope(i, (H + h) * d, qk_norm ? qk_norm[1] : nullptr, q.data());
         for (int e = 0; e < d; e++) store(cache_k, dt, slot + e, q[e]);
         for (int e = 0; e < d; e++) store(cache_v, dt, slot + e, to_float(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
     }
-    bar.wait(omp_get_num_threads());  // the keys and values are in the cache
-#pragma omp for schedule(static) nowait
-    for (int task = 0; task < t * H; task++) {
+    bar.wait(team::size());  // the keys and values are in the cache
+    const auto [q0, q1] = team::share(t * H);
+    for (int task = q0; task < q1; task++) {
         const int i = task / H, h = task % H, kvh = h / group;
         rope(i, h * d, qk_norm ? qk_norm[0] : nullptr, q.data());
         const int64_t base = (int64_t)kvh * max_len * d;
@@ -226,7 +224,7 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
         const float inv = 1.f / hsum(sum);
         for (int e = 0; e < d; e++) store(out, dt, (int64_t)i * H * d + h * d + e, acc[e] * inv);
     }
-    bar.wait(omp_get_num_threads());
+    bar.wait(team::size());
 }
 
 }  // namespace

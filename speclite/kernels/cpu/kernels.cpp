@@ -1,6 +1,7 @@
-// The decoder's layer work (layer_ops.h) as C entry points: RMSNorm, SwiGLU and attention one
-// call each, and whole decoder layers (norms, the four products of gemm.h, attention,
-// residuals) in one call and one thread team, so a decode step forks once, not ten times a layer.
+// speclite's CPU kernels as C entry points, one library (so one thread team, team.h, serves them
+// all): gemm.h's matrix products; the decoder's layer work (layer_ops.h): RMSNorm, SwiGLU and
+// attention one call each, and whole decoder layers (norms, the four products, attention, residuals)
+// in one call and one team, so a decode step starts the team once, not ten times a layer.
 #include "gemm.h"
 #include "layer_ops.h"
 
@@ -78,14 +79,14 @@ thread_local std::vector<char> layer_states;
 // embedding rows, else null). Ends in a barrier.
 inline void layer_team(const Layer &ly, const Step &st, const void *x, const void *e, void *out, void *cache_k,
                        void *cache_v, const Buffers &bufs, Scratch &sc) {
-    const int dt = st.dt, M = st.M, H = (int)bufs.H, K = (int)bufs.K, I = (int)(bufs.G / 2), T = omp_get_num_threads();
+    const int dt = st.dt, M = st.M, H = (int)bufs.H, K = (int)bufs.K, I = (int)(bufs.G / 2), T = team::size();
+    const auto [m0, m1] = team::share(M);
     const int64_t es = dt == F32 ? 4 : 2;
     char *normed = (char *)bufs.data.data(), *qkv = normed + es * M * K, *att = qkv + es * M * bufs.W;
     char *o = att + es * M * bufs.A, *gu = o + es * M * H, *act = gu + es * M * bufs.G, *down = act + es * M * I;
     if (ly.in_proj) {  // MTP: the block's input is in_proj of the normed pair
         char *cat = down + es * M * H, *proj = cat + es * M * 2 * H;
-#pragma omp for schedule(static) nowait
-        for (int m = 0; m < M; m++) {
+        for (int m = m0; m < m1; m++) {
             rms_norm_row(at(e, dt, (int64_t)m * H), ly.enorm, at(cat, dt, (int64_t)m * 2 * H + (ly.state_first ? H : 0)), dt, 0, H, ly.eps);
             rms_norm_row(at(x, dt, (int64_t)m * H), ly.hnorm, at(cat, dt, (int64_t)m * 2 * H + (ly.state_first ? 0 : H)), dt, 0, H, ly.eps);
         }
@@ -96,8 +97,7 @@ inline void layer_team(const Layer &ly, const Step &st, const void *x, const voi
     const bool eagle = ly.hnorm && !ly.in_proj;
     // The attention adds to x, or (EAGLE-3, residual_normed) to hnorm(x), kept in out meanwhile.
     const void *residual = eagle && ly.residual_normed ? out : x;
-#pragma omp for schedule(static) nowait
-    for (int m = 0; m < M; m++) {
+    for (int m = m0; m < m1; m++) {
         if (eagle) {
             rms_norm_row(at(e, dt, (int64_t)m * H), ly.norm1, at(normed, dt, (int64_t)m * K), dt, 0, H, ly.eps);
             rms_norm_row(at(x, dt, (int64_t)m * H), ly.hnorm, at(normed, dt, (int64_t)m * K + H), dt, 0, H, ly.eps);
@@ -111,8 +111,7 @@ inline void layer_team(const Layer &ly, const Step &st, const void *x, const voi
     attention_team(qkv, st.cos, st.sin, cache_k, cache_v, att, st.mask, dt, M, ly.heads, ly.kv_heads, ly.head_dim,
                    st.max_len, st.start, st.L, st.scale, ly.qk_norm, ly.eps, sc.barrier);
     matmul_team(*ly.o, att, dt, M, o, sc);
-#pragma omp for schedule(static) nowait
-    for (int m = 0; m < M; m++) {
+    for (int m = m0; m < m1; m++) {
         for (int64_t i = (int64_t)m * H; i < (int64_t)(m + 1) * H; i++)
             store(out, dt, i, to_float(residual, dt, i) + to_float(o, dt, i));
         rms_norm_row(out, ly.norm2, normed, dt, m, H, ly.eps);
@@ -121,8 +120,8 @@ inline void layer_team(const Layer &ly, const Step &st, const void *x, const voi
     matmul_team(*ly.gate_up, normed, dt, M, gu, sc);
     swiglu_team(gu, act, dt, M, I, sc.barrier);
     matmul_team(*ly.down, act, dt, M, down, sc);
-#pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < (int64_t)M * H; i++) store(out, dt, i, to_float(out, dt, i) + to_float(down, dt, i));
+    const auto [i0, i1] = team::share((int64_t)M * H);
+    for (int64_t i = i0; i < i1; i++) store(out, dt, i, to_float(out, dt, i) + to_float(down, dt, i));
     sc.barrier.wait(T);
 }
 
@@ -152,17 +151,17 @@ struct Model {
         for (int i = 0; i < n; i++) {
             const void *in = i == 0 ? x : between.data() + (i - 1) % 2 * bytes;
             void *to = i == n - 1 ? out : between.data() + i % 2 * bytes;
-#pragma omp single nowait
-            if (captures[i]) memcpy(captures[i], in, bytes);
+            if (captures[i] && team::id() == 0) memcpy(captures[i], in, bytes);
             layer_team(*layers[i], st, in, i == 0 ? e : nullptr, to, caches_k[i], caches_v[i], bufs, sc);
         }
         if (head) {
             // The layers' normed-input buffer is free now (row m of it holds row m's state).
             char *to = normed ? (char *)normed : bufs.data.data();
             const int H = (int)bufs.H, M = st.M;
-#pragma omp for schedule(static) nowait
-            for (int m = normed ? 0 : M - R; m < M; m++) rms_norm_row(out, head->norm, to, st.dt, m, H, head->eps);
-            sc.barrier.wait(omp_get_num_threads());
+            const int first = normed ? 0 : M - R;
+            const auto [n0, n1] = team::share(M - first);
+            for (int m = first + n0; m < first + n1; m++) rms_norm_row(out, head->norm, to, st.dt, m, H, head->eps);
+            sc.barrier.wait(team::size());
             matmul_team(*head->mats, to + (int64_t)H * (st.dt == F32 ? 4 : 2) * (M - R), st.dt, R, logits, sc);
         }
     }
@@ -171,6 +170,13 @@ struct Model {
 }  // namespace
 
 extern "C" {
+
+// y [M, n] = x [M, k] @ [W_0; W_1; ...]^T (+ bias) for the matrices `mt` describes (gemm.h).
+void speclite_matmul(const void *x, int dt, const Matrices *mt, void *y, int M, int threads) {
+    Scratch &sc = scratch;  // the caller's: the team shares it
+    reserve(sc, *mt, M);
+    team::run(threads, [&] { matmul_team(*mt, x, dt, M, y, sc); });
+}
 
 void speclite_rms_norm(const void *x, const void *weight, void *y, int dt, int M, int H, float eps) {
     for (int m = 0; m < M; m++) rms_norm_row(x, weight, y, dt, m, H, eps);
@@ -184,9 +190,10 @@ void speclite_attention(const void *qkv, const void *cos, const void *sin, void 
     // A fork costs more than a short decode step's attention: one thread unless there is real work.
     const int64_t work = (int64_t)t * H * L * d;
     Scratch &sc = scratch;  // the caller's: its barrier serves the team
-#pragma omp parallel num_threads(work > (1 << 18) ? threads : 1)
-    attention_team(qkv, cos, sin, cache_k, cache_v, out, mask, dt, t, H, Hkv, d, max_len, start, L, scale, qk_norm, eps,
-                   sc.barrier);
+    team::run(work > (1 << 18) ? threads : 1, [&] {
+        attention_team(qkv, cos, sin, cache_k, cache_v, out, mask, dt, t, H, Hkv, d, max_len, start, L, scale, qk_norm,
+                       eps, sc.barrier);
+    });
 }
 
 // The n decoder layers of a model (or one block, n = 1) in one team: x [M, H] through
@@ -207,8 +214,7 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, c
     const Step st{dt, M, cos, sin, mask, max_len, start, L, scale};
     Model model{layers, n, head, layer_buffers, scratch, layer_states};
     model.reserve(M, R, dt);
-#pragma omp parallel num_threads(threads)
-    model.forward_team(st, x, e, out, captures, caches_k, caches_v, R, normed, logits);
+    team::run(threads, [&] { model.forward_team(st, x, e, out, captures, caches_k, caches_v, R, normed, logits); });
     if (captures[n]) memcpy(captures[n], out, model.bytes);
 }
 
@@ -228,18 +234,18 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
     std::vector<char> x(es * H), out(es * H), logits(es * V);
     std::vector<void *> captures(n + 1, nullptr);
     memcpy(x.data(), (const char *)embed + es * H * token, es * H);
-#pragma omp parallel num_threads(threads)
-    for (int i = 0; i < steps; i++) {
-        const Step st{dt, 1, (const char *)cos + es * d * i, (const char *)sin + es * d * i, nullptr, max_len,
-                      start + i, start + i + 1, scale};
-        model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
-#pragma omp single nowait
-        {
-            tokens[i] = argmax(logits.data(), dt, std::min(vocab, V));
-            memcpy(x.data(), (const char *)embed + es * H * tokens[i], es * H);
+    team::run(threads, [&] {
+        for (int i = 0; i < steps; i++) {
+            const Step st{dt, 1, (const char *)cos + es * d * i, (const char *)sin + es * d * i, nullptr, max_len,
+                          start + i, start + i + 1, scale};
+            model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
+            if (team::id() == 0) {
+                tokens[i] = argmax(logits.data(), dt, std::min(vocab, V));
+                memcpy(x.data(), (const char *)embed + es * H * tokens[i], es * H);
+            }
+            model.sc.barrier.wait(team::size());  // the next step reads x
         }
-        model.sc.barrier.wait(omp_get_num_threads());  // the next step reads x
-    }
+    });
 }
 
 // n greedy drafts of a one-layer drafting head (EAGLE-3, MTP: a layer reading a state and an
@@ -263,22 +269,22 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
     void *captures[2] = {nullptr, nullptr};
     memcpy(x.data(), hidden, row * T);
     for (int m = 0; m < T; m++) memcpy(e.data() + row * m, (const char *)embed + row * first[m], row);
-#pragma omp parallel num_threads(threads)
-    for (int i = 0; i < steps; i++) {
-        const int M = i == 0 ? T : 1, at_pos = i == 0 ? start : start + T - 1 + i;
-        const int64_t rope = (int64_t)d * (at_pos - start);
-        const Step st{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, at_pos, at_pos + M, scale};
-        model.forward_team(st, x.data(), e.data(), out.data(), captures, &cache_k, &cache_v, 1, normed.data(),
-                           logits.data());
-#pragma omp single nowait
-        {
-            const int best = argmax(logits.data(), dt, V);
-            tokens[i] = vocab_map ? (int)vocab_map[best] : best;
-            memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
-            memcpy(e.data(), (const char *)embed + row * tokens[i], row);
+    team::run(threads, [&] {
+        for (int i = 0; i < steps; i++) {
+            const int M = i == 0 ? T : 1, at_pos = i == 0 ? start : start + T - 1 + i;
+            const int64_t rope = (int64_t)d * (at_pos - start);
+            const Step st{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, at_pos, at_pos + M, scale};
+            model.forward_team(st, x.data(), e.data(), out.data(), captures, &cache_k, &cache_v, 1, normed.data(),
+                               logits.data());
+            if (team::id() == 0) {
+                const int best = argmax(logits.data(), dt, V);
+                tokens[i] = vocab_map ? (int)vocab_map[best] : best;
+                memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
+                memcpy(e.data(), (const char *)embed + row * tokens[i], row);
+            }
+            model.sc.barrier.wait(team::size());  // the next step reads x and e
         }
-        model.sc.barrier.wait(omp_get_num_threads());  // the next step reads x and e
-    }
+    });
 }
 
 }  // extern "C"
