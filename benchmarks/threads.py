@@ -2,11 +2,14 @@
 
     python benchmarks/threads.py --rounds 3            # tiny-code, float32, 64 tokens
     python benchmarks/threads.py --model /path/to/dir --dtype bfloat16 --quant int4
+    python benchmarks/threads.py --spins 1000,30000 --method pard --draft tiny-code-pard
 
 Each measurement is a fresh process (libgomp reads its settings once, when torch loads it). The
 neighbour is one pure-Python busy loop, the way a compiler or a second job shares a laptop. Rows:
 speclite's default (GOMP_SPINCOUNT=1000), libgomp's own default (OMP_WAIT_POLICY unset, spinning
 ~300k iterations), and OMP_WAIT_POLICY=passive; with and without the neighbour; median tok/s.
+`--spins` replaces the first row by one row per GOMP_SPINCOUNT value; `--method` / `--draft` decode
+speculatively (k=4).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ MEASURE = """
 import time
 {torch_first}
 from speclite import LLM, SamplingParams
-llm = LLM({model!r}, dtype={dtype!r}, quant={quant!r})
+llm = LLM({model!r}, {spec!r}, dtype={dtype!r}, quant={quant!r})
 params = SamplingParams(max_new_tokens={tokens}, ignore_eos=True)
 llm.generate("def f(x):", SamplingParams(max_new_tokens=4))
 start = time.perf_counter()
@@ -38,8 +41,9 @@ def measure(args, setting: tuple[dict, bool]) -> float:
     extra, torch_first = setting
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     env.update(extra)
+    spec = {"method": args.method, "model": args.draft, "num_speculative_tokens": 4} if args.method else None
     code = MEASURE.format(torch_first="import torch" if torch_first else "", model=args.model, dtype=args.dtype,
-                          quant=args.quant, tokens=args.tokens)
+                          quant=args.quant, tokens=args.tokens, spec=spec)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return float(done.stdout.split()[-1])
 
@@ -51,23 +55,30 @@ def main():
     p.add_argument("--quant", default=None)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--spins", default=None, help="comma list of GOMP_SPINCOUNT values, each a row")
+    p.add_argument("--method", default=None, help="a speculative method (k=4)")
+    p.add_argument("--draft", default=None, help="the method's draft")
     args = p.parse_args()
+    settings = dict(SETTINGS)
+    if args.spins:
+        del settings[next(iter(SETTINGS))]
+        settings = {f"GOMP_SPINCOUNT={n}": ({"GOMP_SPINCOUNT": n}, False) for n in args.spins.split(",")} | settings
     results: dict[tuple[str, bool], list[float]] = {}
     for _ in range(args.rounds):
         for busy in (False, True):
             neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
             try:
-                for name, setting in SETTINGS.items():
+                for name, setting in settings.items():
                     results.setdefault((name, busy), []).append(measure(args, setting))
             finally:
                 if neighbour:
                     neighbour.kill()
                     neighbour.wait()
-    print(f"{args.model} {args.dtype} quant={args.quant}, {args.tokens} tokens, {os.cpu_count()} CPUs, "
+    print(f"{args.model} {args.dtype} quant={args.quant} {args.method or 'plain'}, {args.tokens} tokens, {os.cpu_count()} CPUs, "
           f"median of {args.rounds} rounds (tok/s)")
     print("| OpenMP wait | idle | busy neighbour | busy / idle |")
     print("|---|---|---|---|")
-    for name in SETTINGS:
+    for name in settings:
         idle, busy = (statistics.median(results[(name, b)]) for b in (False, True))
         print(f"| {name} | {idle:.1f} | {busy:.1f} | {busy / idle:.2f} |")
 
