@@ -23,9 +23,9 @@
 // verification of k+1 rows gives the plain decoder's logits.
 //
 // A team's threads (team.h) split the output columns statically. matmul_team is run by every
-// thread of a team: one call starts one (speclite_matmul), a decoder layer
-// (kernels.cpp) runs its four products and the work between them in one team. Rows are
-// walked in chunks so a chunk's activations stay in cache while the weights stream.
+// thread of a team: one call starts one (speclite_matmul), a decoder layer (kernels.cpp) runs its
+// four products and the work between them in one team. Rows are walked in chunks so a chunk's
+// activations stay in cache while the weights stream.
 #pragma once
 
 #include <cmath>
