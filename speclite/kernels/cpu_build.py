@@ -58,6 +58,7 @@ def isa() -> str | None:
 
 
 _loaded: dict[tuple[str, str | None], ctypes.CDLL | None] = {}
+_typed: set[tuple] = set()  # (id of a loaded library, function names) whose argtypes are set
 
 
 def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
@@ -75,8 +76,10 @@ def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
                 break
         _loaded[key] = lib
     lib = _loaded[key]
-    for name, argtypes in signatures.items() if lib is not None else ():
-        getattr(lib, name).argtypes = argtypes  # several modules may load one library, each its functions
+    if lib is not None and (id(lib), tuple(signatures)) not in _typed:  # several modules load one library
+        for name, argtypes in signatures.items():
+            getattr(lib, name).argtypes = argtypes
+        _typed.add((id(lib), tuple(signatures)))
     return lib
 
 
