@@ -74,8 +74,8 @@ def main():
                 if neighbour:
                     neighbour.kill()
                     neighbour.wait()
-    print(f"{args.model} {args.dtype} quant={args.quant} {args.method or 'plain'}, {args.tokens} tokens, {os.cpu_count()} CPUs, "
-          f"median of {args.rounds} rounds (tok/s)")
+    print(f"{args.model} {args.dtype} quant={args.quant} {args.method or 'plain'}, {args.tokens} tokens, "
+          f"{os.cpu_count()} CPUs, median of {args.rounds} rounds (tok/s)")
     print("| OpenMP wait | idle | busy neighbour | busy / idle |")
     print("|---|---|---|---|")
     for name in settings:

@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <climits>
 #include <mutex>
 #include <new>
@@ -92,14 +91,16 @@ struct Pool {
     int workers = 0;  // started
 };
 
-inline int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-inline int64_t cpu_ns() {  // the calling thread's CPU time
+inline int64_t clock_ns(clockid_t clock) {
     timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    clock_gettime(clock, &t);
     return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
+}
+inline int64_t now_ns() { return clock_ns(CLOCK_MONOTONIC); }
+inline int64_t cpu_ns() { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }  // the calling thread's CPU time
+
+inline void futex(std::atomic<uint32_t> &word, int op, uint32_t value) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), op, value, nullptr, nullptr, 0);
 }
 
 // A thread's share of the CPU during its calls, judged over each CONTENTION_WINDOW_NS of calls.
@@ -137,7 +138,7 @@ inline void await_call(Pool &p, uint32_t seen) {
     }
     while (!called()) {
         p.sleepers.fetch_add(1, std::memory_order_seq_cst);
-        if (!called()) syscall(SYS_futex, reinterpret_cast<uint32_t *>(&p.generation), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+        if (!called()) futex(p.generation, FUTEX_WAIT_PRIVATE, seen);
         p.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
 }
@@ -156,7 +157,8 @@ inline void work(int index, uint32_t seen) {
             my_id = index, my_size = p.threads;
             const int64_t wall0 = now_ns(), cpu0 = cpu_ns();
             p.job(p.arg);
-            if (my_share.judge(now_ns() - wall0, cpu_ns() - cpu0) == 1) p.contended.store(true, std::memory_order_relaxed);
+            if (my_share.judge(now_ns() - wall0, cpu_ns() - cpu0) == 1)
+                p.contended.store(true, std::memory_order_relaxed);
             my_id = 0, my_size = 1;
         }
         p.pending.fetch_sub(1, std::memory_order_acq_rel);
@@ -211,8 +213,7 @@ void run(int threads, F &&f) {
     p.threads = threads;
     p.pending.store(p.workers, std::memory_order_relaxed);
     p.generation.fetch_add(1, std::memory_order_seq_cst);  // publishes the call
-    if (p.sleepers.load(std::memory_order_seq_cst) > 0)
-        syscall(SYS_futex, reinterpret_cast<uint32_t *>(&p.generation), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+    if (p.sleepers.load(std::memory_order_seq_cst) > 0) futex(p.generation, FUTEX_WAKE_PRIVATE, INT_MAX);
     my_size = threads;
     f();
     my_size = 1;
