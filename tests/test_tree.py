@@ -43,7 +43,11 @@ def test_hidden_states_match_transformers_prefill_and_decode(pair, target):
     # The last layer's output before the norm: normed, it is the final state.
     torch.testing.assert_close(target.model.norm(dec.layers[n]), dec.final)
     assert pre.logits.shape[0] == 1 and dec.logits.shape[0] == 3
-    assert dec.select([2, 0]).layers[1].shape == (2, target.args.hidden_size)
+    for rows in ([2, 0], [0, 1], [0], [1, 2], torch.tensor([0, 1])):  # a chain's accepted prefix, or any rows
+        picked = dec.select(rows)
+        index = torch.as_tensor(rows)
+        assert torch.equal(picked.final, dec.final[index]) and picked.logits.shape[0] == 0
+        assert all(torch.equal(picked.layers[i], dec.layers[i][index]) for i in (0, 1, n))
 
 
 # root -> 0, 1; 0 -> 2; 1 -> 3, 4; 3 -> 5

@@ -34,12 +34,18 @@ class Step:
     layers: dict[int, torch.Tensor] = field(default_factory=dict)  # layer index -> [T, H]
 
     def select(self, rows: list[int] | torch.Tensor) -> "Step":
-        """The hidden states of these rows only (the tokens that stood), logits left out."""
-        index = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
+        """The hidden states of these rows only (the tokens that stood), logits left out. The first n
+        rows (a chain's accepted prefix) are views; other rows are gathered."""
+        prefix = isinstance(rows, list) and rows == list(range(len(rows)))
+        index = None if prefix else torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
+
+        def pick(h: torch.Tensor) -> torch.Tensor:
+            return h[: len(rows)] if prefix else h.index_select(0, index)
+
         return Step(
             logits=self.logits.new_empty((0, self.logits.shape[-1])),
-            final=None if self.final is None else self.final.index_select(0, index),
-            layers={i: h.index_select(0, index) for i, h in self.layers.items()},
+            final=None if self.final is None else pick(self.final),
+            layers={i: pick(h) for i, h in self.layers.items()},
         )
 
 
