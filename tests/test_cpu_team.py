@@ -1,9 +1,12 @@
 """The CPU kernels' thread team (kernels/cpu/team.h): teams of any size give one thread's numbers,
-callers on several Python threads take turns, and a forked child runs its own workers."""
+callers on several Python threads take turns, a forked child runs its own workers, and where no
+worker can be started the caller computes alone."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -89,3 +92,24 @@ def test_a_forked_child_starts_its_own_workers():
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail("the forked child's team never finished")
+
+
+LIMITED = """
+import resource, torch
+from speclite.kernels import cpu_gemm
+torch.manual_seed(0)
+x, mats = torch.randn(3, 64), cpu_gemm.dense_matrices([torch.randn(50, 64)])
+torch.set_num_threads(1)
+alone = cpu_gemm.matmul(x, mats)
+# The address space as mapped now plus 1 MB: a worker's stack cannot be mapped.
+mapped = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (1 << 20), resource.RLIM_INFINITY))
+torch.set_num_threads(2)
+print(all(torch.equal(cpu_gemm.matmul(x, mats), alone) for _ in range(3)))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="no /proc here")
+def test_a_team_with_no_thread_to_start_computes_with_the_caller_alone():
+    done = subprocess.run([sys.executable, "-c", LIMITED], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split()[-1:] == ["True"], done.stderr[-2000:]

@@ -27,6 +27,7 @@
 #include <climits>
 #include <mutex>
 #include <new>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -207,7 +208,18 @@ void run(int threads, F &&f) {
     std::lock_guard<std::mutex> lock(p.calls);
     const int64_t wall0 = now_ns(), cpu0 = cpu_ns();
     const uint32_t seen = p.generation.load(std::memory_order_relaxed);
-    for (; p.workers < threads - 1; p.workers++) std::thread(work, p.workers + 1, seen).detach();
+    for (; p.workers < threads - 1; p.workers++) {
+        try {
+            std::thread(work, p.workers + 1, seen).detach();
+        } catch (const std::system_error &) {  // no more threads to be had: a smaller team
+            break;
+        }
+    }
+    threads = std::min(threads, p.workers + 1);
+    if (threads == 1) {
+        f();
+        return;
+    }
     p.job = [](void *arg) { (*static_cast<Job *>(arg))(); };
     p.arg = (void *)&f;
     p.threads = threads;
