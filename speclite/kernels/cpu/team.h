@@ -47,6 +47,13 @@ constexpr int64_t BACKOFF_NS[2] = {5'000'000, 1'000'000'000};  // sleeping at on
 constexpr int64_t CONTENTION_WINDOW_NS = 2'000'000;  // calls' time over which a thread's share is judged
 constexpr double CONTENTED_SHARE = 0.8;  // a thread that ran less than this of it shared its core
 
+// Returns once done() holds: BARRIER_SPIN pauses, then yields, never sleeping.
+template <class Done>
+inline void spin_until(Done done) {
+    for (int spins = 0; !done(); spins++)
+        if (spins < BARRIER_SPIN) _mm_pause(); else sched_yield();
+}
+
 struct TeamBarrier {
     alignas(64) std::atomic<int> arrived{0};
     alignas(64) std::atomic<unsigned> generation{0};
@@ -60,8 +67,7 @@ struct TeamBarrier {
             generation.store(gen + 1, std::memory_order_release);
             return;
         }
-        for (int spins = 0; generation.load(std::memory_order_acquire) == gen; spins++)
-            if (spins < BARRIER_SPIN) _mm_pause(); else sched_yield();
+        spin_until([&] { return generation.load(std::memory_order_acquire) != gen; });
     }
 };
 
@@ -229,8 +235,7 @@ void run(int threads, F &&f) {
     my_size = threads;
     f();
     my_size = 1;
-    for (int spins = 0; p.pending.load(std::memory_order_acquire) > 0; spins++)
-        if (spins < BARRIER_SPIN) _mm_pause(); else sched_yield();
+    spin_until([&] { return p.pending.load(std::memory_order_acquire) == 0; });
     watch_contention(p, my_share.judge(now_ns() - wall0, cpu_ns() - cpu0));
 }
 
