@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach the hub
 
@@ -10,6 +11,17 @@ import pytest
 import torch
 
 from speclite.kernels import cpu_build
+
+@contextmanager
+def torch_threads(n: int):
+    """torch (and the CPU kernels, which take torch's count) on n threads inside the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

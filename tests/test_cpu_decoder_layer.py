@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import torch_threads
 
 from speclite.kernels import cpu_gemm, cpu_layer_ops
 from speclite.model.loader import load_model
@@ -131,20 +132,15 @@ def test_greedy_chain_declines_where_the_steps_must_run_one_by_one(isa, model_di
 @needs_kernels
 @pytest.mark.parametrize("quant", [None, "int4", "w8a8"])
 def test_a_team_of_two_threads_gives_one_threads_numbers(isa, model_dirs, quant):
-    # Every product of a whole step ends in the team's own barrier (gemm.h, TeamBarrier) and the next
+    # Every product of a whole step ends in the team's own barrier (team.h, TeamBarrier) and the next
     # reads what both threads wrote: a barrier that let a thread through early would read a stale
     # row. Logits, states and caches of every step kind, two threads against one, bit for bit.
     model = load_model(model_dirs["qwen3"], device="cpu", dtype=torch.bfloat16)
     if quant:
         model = quantize_model(model, quant, group_size=32)
-    threads = torch.get_num_threads()
-    try:
-        runs = []
-        for n in (2, 1, 2):
-            torch.set_num_threads(n)
-            with torch.inference_mode():
-                runs.append(run_steps(model))
-    finally:
-        torch.set_num_threads(threads)
+    runs = []
+    for n in (2, 1, 2):
+        with torch_threads(n), torch.inference_mode():
+            runs.append(run_steps(model))
     for run in runs[1:]:
         assert len(run) == len(runs[0]) and all(torch.equal(a, b) for a, b in zip(run, runs[0]))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import torch_threads
 
 from speclite.kernels import cpu_build, cpu_gemm, cpu_layer_ops, linear
 from speclite.quant.int4 import Int4Weight
@@ -202,12 +203,8 @@ def test_a_row_alone_equals_that_row_in_a_batch_bit_for_bit(isa, dtype, k):
         few = _calls(x[i:i + rows], n, k)
         for name in batch:
             assert torch.equal(few[name], batch[name][i:i + rows]), (name, i, rows)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         single = _calls(x[:9], n, k)
-    finally:
-        torch.set_num_threads(threads)
     for name in batch:  # the thread split does not change the arithmetic either
         assert torch.equal(single[name], batch[name][:9]), name
 

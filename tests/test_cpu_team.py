@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from conftest import torch_threads
 
 from speclite.kernels import cpu_gemm
 
@@ -29,27 +30,21 @@ def _problems(seed: int, count: int = 4):
     return out
 
 
-def _with_threads(n: int, fn):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_teams_of_every_size_give_one_threads_numbers():
     problems = _problems(0)
-    alone = _with_threads(1, lambda: [cpu_gemm.matmul(x, m) for x, m in problems])
+    with torch_threads(1):
+        alone = [cpu_gemm.matmul(x, m) for x, m in problems]
     # The pool grows to 4 workers, then serves smaller teams (idle workers take no share).
     for n in (2, 3, 5, 2, 4):
-        got = _with_threads(n, lambda: [cpu_gemm.matmul(x, m) for x, m in problems])
+        with torch_threads(n):
+            got = [cpu_gemm.matmul(x, m) for x, m in problems]
         assert all(torch.equal(a, b) for a, b in zip(got, alone)), n
 
 
 def test_callers_on_several_threads_take_turns():
     problems = _problems(1)
-    expected = _with_threads(1, lambda: [cpu_gemm.matmul(x, m) for x, m in problems])
+    with torch_threads(1):
+        expected = [cpu_gemm.matmul(x, m) for x, m in problems]
     failures = []
 
     def caller(offset: int):
@@ -66,19 +61,23 @@ def test_callers_on_several_threads_take_turns():
             c.join(timeout=120)
         return [c for c in callers if c.is_alive()]
 
-    stuck = _with_threads(2, run_callers)
+    with torch_threads(2):
+        stuck = run_callers()
     assert not stuck and not failures
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_a_forked_child_starts_its_own_workers():
     (x, mats), = _problems(2, 1)
-    expected = _with_threads(1, lambda: cpu_gemm.matmul(x, mats))
-    _with_threads(2, lambda: cpu_gemm.matmul(x, mats))  # the parent's workers exist now
+    with torch_threads(1):
+        expected = cpu_gemm.matmul(x, mats)
+    with torch_threads(2):
+        cpu_gemm.matmul(x, mats)  # the parent's workers exist now
     pid = os.fork()
     if pid == 0:  # the child: its team's workers are not the parent's, which it does not have
         try:
-            same = _with_threads(2, lambda: all(torch.equal(cpu_gemm.matmul(x, mats), expected) for _ in range(5)))
+            with torch_threads(2):
+                same = all(torch.equal(cpu_gemm.matmul(x, mats), expected) for _ in range(5))
             os._exit(0 if same else 1)
         finally:
             os._exit(2)

@@ -7,10 +7,10 @@ joint of the first two and the marginal of the third are compared with the targe
 distributions, computed directly from its warped next-token probabilities.
 """
 
-from contextlib import contextmanager
 
 import pytest
 import torch
+from conftest import torch_threads
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from speclite.engine.loop import Request, Speculation, decode
@@ -36,15 +36,9 @@ def save_small_target(path, layers: int = 1):
     return model
 
 
-@contextmanager
 def one_thread():
     """These tiny ops only lose to thread hand-offs, badly so on a shared, busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+    return torch_threads(1)
 
 
 @pytest.fixture(scope="module")
