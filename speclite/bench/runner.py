@@ -21,6 +21,8 @@ from speclite.bench.prompts import BenchPrompt
 from speclite.bench.sweep import BenchConfig
 from speclite.engine.loop import Speculation
 from speclite.engine.memory import model_bytes
+from speclite.model import arena
+from speclite.model.narrow import narrow
 from speclite.sampling import SamplingParams
 from speclite.errors import SpecliteError
 from speclite.speculate import BuildContext, build_proposer, get_method
@@ -104,6 +106,11 @@ class Runner:
         for c in configs:
             if c.method != "plain" and c.method not in self.proposers:
                 self.proposers[c.method] = self._proposer(c)
+        # As an LLM does with its own proposer's, before the first forward: the drafts' weights narrowed
+        # where exact and moved into one huge-page arena.
+        drafts = [m for p in self.proposers.values() for m in p.resident()[0]]
+        narrow(*drafts)
+        arena.settle(*drafts)
         # A row without --k runs its method's own default k (a DFlash drafter's block size - 1).
         self.configs = [c if c.k is not None else
                         replace(c, k=spec_length(None, get_method(c.method), self.proposers[c.method]).k)

@@ -15,12 +15,16 @@ HALF = (torch.bfloat16, torch.float16)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T + bias; a weight narrower than x (speclite.model.narrow) is widened to x's dtype
+    where torch's ops take it."""
     if x.device.type == "cpu" and x.dim() == 2:
         if weight.dtype in HALF and weight.is_contiguous() and cpu_gemm.takes(x):
             y = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([weight]))
-        elif x.shape[0] == 1:
+            return y if bias is None else y + bias
+        weight = weight.to(x.dtype)
+        if x.shape[0] == 1:
             y = torch.mv(weight, x[0]).unsqueeze(0)
         else:
             return F.linear(x, weight, bias)
         return y if bias is None else y + bias
-    return F.linear(x, weight, bias)
+    return F.linear(x, weight.to(x.dtype), bias)

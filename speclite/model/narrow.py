@@ -1,0 +1,50 @@
+"""float32 models on the CPU keep the weights that are exact in 16 bits in 16 bits: same numbers, half the bytes.
+
+Most checkpoints are stored in bf16, and speclite runs float32 on the CPU by default, so loading
+widens every weight to 4 bytes though each value is a bf16 one. The CPU kernels (cpu_gemm) take
+bf16 and f16 weights under fp32 activations: they widen them in registers, which is exact, and
+multiply in fp32 as they do fp32 weights. So a dense linear whose values all survive the round trip
+to a 16-bit type is stored in it: on AVX-512 builds the products are the fp32 weights' bit for bit
+(the same tiles, only the load widens); AVX2 sums bf16 weights in another order (gemm.h, halves),
+fp32 all the same. A decode step then streams half the bytes (the embedded pair's greedy chain
+1.46x faster on an AMX Xeon, benchmarks/RESULTS.md).
+
+Only speclite's dense `Linear` (its forward casts for torch's ops where the kernels do not run), on
+the CPU, where the kernels are built; embedding tables (and a head tied to one) stay as they are:
+a lookup hands its row to the activations as it is stored.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from speclite.kernels import cpu_gemm
+from speclite.model.decoder import Linear
+
+HALVES = (torch.bfloat16, torch.float16)  # tried in this order: bf16 holds any checkpoint's bf16 values
+
+
+def narrow(*models: nn.Module) -> int:
+    """Store the float32 CPU `Linear` weights of each model in bf16 (else f16) where every one of them
+    is exact in it; a model with one that is not keeps them all (a layer's projections meet in one
+    kernel call, one dtype). A weight several modules share is narrowed once and stays shared.
+    Returns the bytes saved. Call before the first forward (as arena.settle)."""
+    if not cpu_gemm.available():
+        return 0
+    tables = {id(m.weight) for model in models for m in model.modules() if isinstance(m, nn.Embedding)}
+    saved = 0
+    for model in models:
+        linears = [m for m in model.modules() if type(m) is Linear and id(m.weight) not in tables]
+        weights = list({id(m.weight): m.weight for m in linears}.values())
+        if not weights or not all(w.device.type == "cpu" and w.dtype == torch.float32 and not w.requires_grad
+                                  for w in weights):
+            continue
+        half = next((h for h in HALVES if all(torch.equal(w.to(h).float(), w) for w in weights)), None)
+        if half is None:
+            continue
+        narrowed = {id(w): nn.Parameter(w.to(half), requires_grad=False) for w in weights}
+        for m in linears:
+            m.weight = narrowed[id(m.weight)]
+        saved += sum(w.nbytes // 2 for w in weights)
+    return saved
