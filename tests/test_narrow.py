@@ -49,27 +49,25 @@ def logits_of(model, tokens: torch.Tensor) -> torch.Tensor:
 
 @needs_kernels
 @pytest.mark.parametrize("which,half", [("untied", torch.bfloat16), ("tied", torch.bfloat16), ("f16", torch.float16)])
-def test_a_16_bit_checkpoint_run_in_float32_keeps_its_linears_16_bit_with_the_same_logits(isa, bf16_dirs, which, half):
+def test_a_16_bit_checkpoint_run_in_float32_keeps_its_weights_16_bit_with_the_same_logits(isa, bf16_dirs, which, half):
     wide, narrowed = load_model(bf16_dirs[which], dtype=torch.float32), load_model(bf16_dirs[which], dtype=torch.float32)
     before = model_bytes(narrowed)
     saved = narrow(narrowed)
-    table = narrowed.model.embed_tokens.weight
-    for wide_m, m in zip(linears(wide), linears(narrowed)):
-        if m.weight is table:  # a head tied to the embedding table stays with it
-            assert m.weight.dtype == torch.float32
-            continue
+    for wide_m, m in zip(linears(wide) + [wide.model.embed_tokens], linears(narrowed) + [narrowed.model.embed_tokens]):
         assert m.weight.dtype == half and torch.equal(m.weight.float(), wide_m.weight)
-        assert m.bias is None or m.bias.dtype == torch.float32
-    assert table.dtype == torch.float32 and all(n.weight.dtype == torch.float32 for n in narrowed.modules()
-                                                if type(n).__name__ == "RMSNorm")
+        assert getattr(m, "bias", None) is None or m.bias.dtype == torch.float32
+    assert (narrowed.lm_head.weight is narrowed.model.embed_tokens.weight) == (which == "tied")  # a tie stays one tensor
+    assert narrowed.dtype == torch.float32 and narrowed.new_cache(8).layers[0][0].dtype == torch.float32
+    assert all(n.weight.dtype == torch.float32 for n in narrowed.modules() if type(n).__name__ == "RMSNorm")
     assert saved > 0 and model_bytes(narrowed) == before - saved
     tokens = torch.randint(0, narrowed.args.vocab_size, (20,), generator=torch.Generator().manual_seed(1))
     want, got = logits_of(wide, tokens), logits_of(narrowed, tokens)
-    assert got.dtype == torch.float32
+    chains = [m.greedy_chain(int(tokens[0]), m.new_cache(64), 12, m.args.vocab_size) for m in (wide, narrowed)]
+    assert got.dtype == torch.float32 and chains[1] is not None
     if isa == "avx2" and half == torch.bfloat16:  # AVX2 sums bf16 weights by halves: fp32, another order
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     else:
-        assert torch.equal(got, want)
+        assert torch.equal(got, want) and chains[0] == chains[1]
 
 
 @needs_kernels

@@ -158,15 +158,16 @@ def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torc
 def greedy_chain(layers: Layers, embed: torch.Tensor, token: int, cos: torch.Tensor, sin: torch.Tensor,
                  cache_layers, start: int, vocab: int, steps: int) -> list[int]:
     """`steps` greedy tokens after `token`, in one call and one thread team: the token embedded (embed
-    [V', H]) and run through every layer and layers.head at position start (cos/sin: the RoPE rows of
-    positions start.., consecutive), the argmax of its first `vocab` logits fed at start + 1, and so
-    on; the caches gain `steps` entries. The tokens k single decoder_layers steps would give."""
+    [V', H]: the activations' dtype, cos's, or a 16-bit table widened) and run through every layer and
+    layers.head at position start (cos/sin: the RoPE rows of positions start.., consecutive), the
+    argmax of its first `vocab` logits fed at start + 1, and so on; the caches gain `steps` entries.
+    The tokens k single decoder_layers steps would give."""
     tokens = (ctypes.c_int * steps)()
     caches_k, caches_v = layers.cache_pointers(cache_layers)
     _library().speclite_greedy_chain(
-        layers.array, len(layers.layers), layers.head, embed.data_ptr(), token, caches_k, caches_v, DTYPES[embed.dtype],
-        cos.data_ptr(), sin.data_ptr(), cache_layers[0][0].shape[1], start, layers.layers[0].head_dim ** -0.5, vocab,
-        steps, tokens, torch.get_num_threads())
+        layers.array, len(layers.layers), layers.head, embed.data_ptr(), DTYPES[embed.dtype], token, caches_k, caches_v,
+        DTYPES[cos.dtype], cos.data_ptr(), sin.data_ptr(), cache_layers[0][0].shape[1], start,
+        layers.layers[0].head_dim ** -0.5, vocab, steps, tokens, torch.get_num_threads())
     return list(tokens)
 
 
@@ -174,17 +175,18 @@ def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.T
                hidden: torch.Tensor, cache_layer, start: int, cos: torch.Tensor, sin: torch.Tensor, steps: int,
                normed_state: bool = False) -> list[int]:
     """`steps` greedy drafts of a one-layer drafting head (EAGLE-3, MTP) in one call and one thread
-    team: first the rows of `tokens` (embedding rows of embed [V', H]) beside the states `hidden` [T,
-    H] at positions start.. (cos/sin: RoPE rows of positions start..), then one row per step; each
-    step's last row through head's norm and lm_head, the argmax mapped through vocab_map (int64
-    draft id -> token, or None) fed next with the row's layer output (or with normed_state, the
-    norm's) as the state. The head's cache (cache_layer: its one layer's keys and values) gains
-    T + steps - 1 entries. The drafts its steps one by one would give."""
+    team: first the rows of `tokens` (embedding rows of embed [V', H]: hidden's dtype, or a 16-bit
+    table widened) beside the states `hidden` [T, H] at positions start.. (cos/sin: RoPE rows of
+    positions start..), then one row per step; each step's last row through head's norm and lm_head,
+    the argmax mapped through vocab_map (int64 draft id -> token, or None) fed next with the row's
+    layer output (or with normed_state, the norm's) as the state. The head's cache (cache_layer: its
+    one layer's keys and values) gains T + steps - 1 entries. The drafts its steps one by one would give."""
     drafts = (ctypes.c_int * steps)()
     cache_k, cache_v = cache_layer
     hidden = hidden.contiguous()
     _library().speclite_head_chain(
-        ctypes.byref(layer), head, embed.data_ptr(), None if vocab_map is None else vocab_map.data_ptr(),
+        ctypes.byref(layer), head, embed.data_ptr(), DTYPES[embed.dtype],
+        None if vocab_map is None else vocab_map.data_ptr(),
         (ctypes.c_int * len(tokens))(*tokens), len(tokens), hidden.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(),
         DTYPES[hidden.dtype], cos.data_ptr(), sin.data_ptr(), cache_k.shape[1], start, layer.head_dim ** -0.5, steps,
         normed_state, drafts, torch.get_num_threads())
@@ -197,10 +199,10 @@ SIGNATURES = {
     "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _P, _F, _I],
     "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
                                 ctypes.POINTER(Head), _I, _P, _P, _I],
-    "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
+    "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
                               ctypes.POINTER(ctypes.c_int), _I],
-    "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _P, ctypes.POINTER(ctypes.c_int), _I, _P,
-                            _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
+    "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
+                            _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
 }
 
 

@@ -378,10 +378,15 @@ class Transformer(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype: the final norm's (norms are never quantized, nor narrowed to 16-bit
+        storage as linears and embedding tables may be, speclite.model.narrow)."""
+        return self.model.norm.weight.dtype
+
     def new_cache(self, max_len: int) -> KVCache:
-        p = self.model.embed_tokens.weight
         a = self.args
-        return KVCache(a.num_layers, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
+        return KVCache(a.num_layers, a.num_kv_heads, max_len, a.head_dim, self.dtype, self.model.norm.weight.device)
 
     def _mask(self, start: int, t: int, device, tree: Tree | None) -> torch.Tensor | None:
         """Causal over the cache; among the new tokens of a tree, each sees its ancestors only."""
@@ -433,7 +438,7 @@ class Transformer(nn.Module):
         if (self.args.sliding_window is not None or type(embed) is not nn.Embedding or hooked([embed])
                 or start + steps > cache.max_len):
             return None
-        x = embed.weight[token : token + 1]
+        x = embed.weight[token : token + 1].to(self.dtype)
         layers = self.cpu_layers(x, cache)
         if layers is None or layers.head is None:
             return None
@@ -487,7 +492,7 @@ class Transformer(nn.Module):
         return rope_rows(self, pos, max_len, dtype, device)
 
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
-        x = self.model.embed_tokens(tokens)
+        x = self.model.embed_tokens(tokens).to(self.dtype)  # a 16-bit table's rows widened (exact)
         cos, sin = self.rope(pos, cache.max_len, x.dtype, x.device)
         fused = self.cpu_layers(x, cache)
         if fused is not None:

@@ -9,9 +9,10 @@ to a 16-bit type is stored in it: on AVX-512 builds the products are the fp32 we
 fp32 all the same. A decode step then streams half the bytes (the embedded pair's greedy chain
 1.46x faster on an AMX Xeon, benchmarks/RESULTS.md).
 
-Only speclite's dense `Linear` (its forward casts for torch's ops where the kernels do not run), on
-the CPU, where the kernels are built; embedding tables (and a head tied to one) stay as they are:
-a lookup hands its row to the activations as it is stored.
+Only speclite's dense `Linear` (its forward casts for torch's ops where the kernels do not run) and
+embedding tables (a lookup's rows are widened to the activations' dtype: the decoder, the drafting
+heads and the C greedy chains read them so), on the CPU, where the kernels are built. Norms stay:
+their dtype is the activations' (Transformer.dtype).
 """
 
 from __future__ import annotations
@@ -26,17 +27,17 @@ HALVES = (torch.bfloat16, torch.float16)  # tried in this order: bf16 holds any 
 
 
 def narrow(*models: nn.Module) -> int:
-    """Store the float32 CPU `Linear` weights of each model in bf16 (else f16) where every one of them
-    is exact in it; a model with one that is not keeps them all (a layer's projections meet in one
-    kernel call, one dtype). A weight several modules share is narrowed once and stays shared.
-    Returns the bytes saved. Call before the first forward (as arena.settle)."""
+    """Store the float32 CPU `Linear` weights and embedding tables of each model in bf16 (else f16)
+    where every one of them is exact in it; a model with one that is not keeps them all (a layer's
+    projections meet in one kernel call, one dtype). A weight several modules share (a head tied to
+    its table) is narrowed once and stays shared. Returns the bytes saved. Call before the first
+    forward (as arena.settle)."""
     if not cpu_gemm.available():
         return 0
-    tables = {id(m.weight) for model in models for m in model.modules() if isinstance(m, nn.Embedding)}
     saved = 0
     for model in models:
-        linears = [m for m in model.modules() if type(m) is Linear and id(m.weight) not in tables]
-        weights = list({id(m.weight): m.weight for m in linears}.values())
+        holders = [m for m in model.modules() if type(m) in (Linear, nn.Embedding)]
+        weights = list({id(m.weight): m.weight for m in holders}.values())
         if not weights or not all(w.device.type == "cpu" and w.dtype == torch.float32 and not w.requires_grad
                                   for w in weights):
             continue
@@ -44,7 +45,7 @@ def narrow(*models: nn.Module) -> int:
         if half is None:
             continue
         narrowed = {id(w): nn.Parameter(w.to(half), requires_grad=False) for w in weights}
-        for m in linears:
+        for m in holders:
             m.weight = narrowed[id(m.weight)]
         saved += sum(w.nbytes // 2 for w in weights)
     return saved

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from speclite.kernels import cpu_gemm, cpu_layer_ops
+from speclite.kernels.dense import HALF
 from speclite.model.decoder import ModelArgs, attended, hooked, rope_inv_freq, rope_rows
 from speclite.model.kv_cache import KVCache
 
@@ -91,11 +92,13 @@ class OneLayerHead(nn.Module):
         """`steps` greedy drafts: first the rows of `tokens` fed with `states` [T, H] at cache.length..
         (the pending pairs), then each draft fed with the step's state (the target ids of the argmaxes,
         as the head's steps one by one give them), in one C call on the CPU; None where the kernels do
-        not take the whole head, or a hook, a gradient or an embedding of another dtype asks for the
-        steps one by one, or the rows start at position 0 of a head that zeroes that embedding."""
+        not take the whole head, or a hook, a gradient or an embedding of another dtype (but a 16-bit
+        table under float32 states) asks for the steps one by one, or the rows start at position 0 of a
+        head that zeroes that embedding."""
         start, t = cache.length, len(tokens)
-        if (type(embed) is not nn.Embedding or embed.weight.dtype != states.dtype or hooked([embed])
-                or cache.layers[0][0].dtype != states.dtype or start + t + steps - 1 > cache.max_len
+        widened = states.dtype == torch.float32 and embed.weight.dtype in HALF  # a narrowed table (exact)
+        if (type(embed) is not nn.Embedding or not (embed.weight.dtype == states.dtype or widened)
+                or hooked([embed]) or cache.layers[0][0].dtype != states.dtype or start + t + steps - 1 > cache.max_len
                 or (start == 0 and self.zeroes_position_0)):
             return None
         layers = self.cpu_layers(states)

@@ -167,6 +167,16 @@ struct Model {
     }
 };
 
+// Row `index` of an embedding table [V, H] of dtype edt into dst, in dtype dt: the row as stored, or
+// widened (a 16-bit table under fp32 activations, speclite.model.narrow), which is exact.
+inline void embed_row(void *dst, int dt, const void *table, int edt, int64_t index, int H) {
+    if (edt == dt) {
+        memcpy(dst, at(table, edt, index * H), (size_t)(dt == F32 ? 4 : 2) * H);
+        return;
+    }
+    for (int e = 0; e < H; e++) store(dst, dt, e, to_float(table, edt, index * H + e));
+}
+
 }  // namespace
 
 extern "C" {
@@ -219,12 +229,12 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, c
 }
 
 // n greedy tokens after `token`, as n single steps of speclite_decoder_layers would give them, in one
-// team: the token's embedding row (embed [V', H], the activations' dtype) goes through the layers at
+// team: the token's embedding row (embed [V', H] of dtype edt) goes through the layers at
 // position start (cos/sin: the RoPE rows of positions start.., d values each), the head's argmax
 // over its first `vocab` logits is tokens[0] and is fed at start + 1, and so on: the cache gains n
 // entries. A draft model's chain, or plain greedy decoding, without a return to Python per token.
 // The argmax is the first of equal maxima, a NaN counting as the largest, as torch.argmax.
-void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int token,
+void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int edt, int token,
                            void *const *caches_k, void *const *caches_v, int dt, const void *cos, const void *sin,
                            int max_len, int start, float scale, int vocab, int steps, int *tokens, int threads) {
     Model model{layers, n, head, layer_buffers, scratch, layer_states};
@@ -233,7 +243,7 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
     const int64_t es = dt == F32 ? 4 : 2;
     std::vector<char> x(es * H), out(es * H), logits(es * V);
     std::vector<void *> captures(n + 1, nullptr);
-    memcpy(x.data(), (const char *)embed + es * H * token, es * H);
+    embed_row(x.data(), dt, embed, edt, token, H);
     team::run(threads, [&] {
         for (int i = 0; i < steps; i++) {
             const Step st{dt, 1, (const char *)cos + es * d * i, (const char *)sin + es * d * i, nullptr, max_len,
@@ -241,7 +251,7 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
             model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
             if (team::id() == 0) {
                 tokens[i] = argmax(logits.data(), dt, std::min(vocab, V));
-                memcpy(x.data(), (const char *)embed + es * H * tokens[i], es * H);
+                embed_row(x.data(), dt, embed, edt, tokens[i], H);
             }
             model.sc.barrier.wait(team::size());  // the next step reads x
         }
@@ -250,14 +260,14 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
 
 // n greedy drafts of a one-layer drafting head (EAGLE-3, MTP: a layer reading a state and an
 // embedding, and its norm + lm_head), as its steps one by one give them. Step 0 feeds T rows: the
-// embedding rows of first[0..T) (embed [V', H], the activations' dtype) beside the states `hidden`
+// embedding rows of first[0..T) (embed [V', H] of dtype edt) beside the states `hidden`
 // [T, H] at positions start.. (the committed pairs still pending, causal); each later step i feeds
 // one row, at position start + T - 1 + i. cos/sin: the RoPE rows of positions start.., d values
 // each; the cache gains T + n - 1 entries. A step's argmax over the head's vocabulary (of its last
 // row; first of equal maxima, NaN the largest) mapped through vocab_map (draft id -> token, or
 // null) is tokens[i] and is fed next, with that row's layer output (normed_state: the head norm's
 // output) as the next state.
-void speclite_head_chain(const Layer *layer, const Head *head, const void *embed, const int64_t *vocab_map,
+void speclite_head_chain(const Layer *layer, const Head *head, const void *embed, int edt, const int64_t *vocab_map,
                          const int *first, int T, const void *hidden, void *cache_k, void *cache_v, int dt,
                          const void *cos, const void *sin, int max_len, int start, float scale, int steps,
                          int normed_state, int *tokens, int threads) {
@@ -268,7 +278,7 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
     std::vector<char> x(row * T), e(row * T), out(row * T), normed(row * T), logits(es * V);
     void *captures[2] = {nullptr, nullptr};
     memcpy(x.data(), hidden, row * T);
-    for (int m = 0; m < T; m++) memcpy(e.data() + row * m, (const char *)embed + row * first[m], row);
+    for (int m = 0; m < T; m++) embed_row(e.data() + row * m, dt, embed, edt, first[m], H);
     team::run(threads, [&] {
         for (int i = 0; i < steps; i++) {
             const int M = i == 0 ? T : 1, at_pos = i == 0 ? start : start + T - 1 + i;
@@ -280,7 +290,7 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
                 const int best = argmax(logits.data(), dt, V);
                 tokens[i] = vocab_map ? (int)vocab_map[best] : best;
                 memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
-                memcpy(e.data(), (const char *)embed + row * tokens[i], row);
+                embed_row(e.data(), dt, embed, edt, tokens[i], H);
             }
             model.sc.barrier.wait(team::size());  // the next step reads x and e
         }

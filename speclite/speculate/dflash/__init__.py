@@ -24,8 +24,8 @@ __all__ = ["DFlashDraft", "DFlashProposer", "load_draft", "load_drafter"]
 
 def load_draft(draft_dir: str | Path, target, quant: str | None = None, mask_token: int | None = None) -> DFlashDraft:
     """The drafter for `target` (its device and dtype), quantized at load like any draft (--draft-quant)."""
-    weight = target.model.embed_tokens.weight  # embeddings stay high precision in every scheme
-    draft = load_drafter(draft_dir, target.args, weight.device, weight.dtype, mask_token)
+    device, dtype = target.model.norm.weight.device, target.dtype  # the activations' (a table may be 16-bit)
+    draft = load_drafter(draft_dir, target.args, device, dtype, mask_token)
     if quant:
         from speclite.quant import quantize_model
 

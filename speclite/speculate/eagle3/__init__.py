@@ -19,8 +19,8 @@ __all__ = ["Eagle3Head", "Eagle3Proposer", "load_draft", "load_head"]
 
 def load_draft(head_dir: str | Path, target, quant: str | None = None) -> Eagle3Head:
     """The head for `target` (its device and dtype), quantized at load like any draft (--draft-quant)."""
-    weight = target.model.embed_tokens.weight  # embeddings stay high precision in every scheme
-    head = load_head(head_dir, target.args, weight.device, weight.dtype)
+    device, dtype = target.model.norm.weight.device, target.dtype  # the activations' (a table may be 16-bit)
+    head = load_head(head_dir, target.args, device, dtype)
     if quant:
         from speclite.quant import quantize_model
 

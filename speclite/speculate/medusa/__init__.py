@@ -23,8 +23,8 @@ __all__ = ["MedusaHeads", "MedusaProposer", "load_draft", "load_heads"]
 def load_draft(head_dir: str | Path, target, quant: str | None = None) -> MedusaHeads:
     """The heads for `target` (its device and dtype); --draft-quant quantizes each head's own lm_head
     (heads using the target's leave it as the target has it)."""
-    weight = target.model.embed_tokens.weight  # embeddings stay high precision in every scheme
-    heads = load_heads(head_dir, target.args, weight.device, weight.dtype)
+    device, dtype = target.model.norm.weight.device, target.dtype  # the activations' (a table may be 16-bit)
+    heads = load_heads(head_dir, target.args, device, dtype)
     if heads.heads[0].lm_head is None:
         heads.shared.append(target.lm_head)
     elif quant:

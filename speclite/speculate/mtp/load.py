@@ -58,12 +58,12 @@ def load_module(module_dir: str | Path, target, in_target: bool) -> MTPModule:
     own_head = "lm_head.weight" in renamed
     with torch.device("meta"):
         module = MTPModule(args, own_head, state_first=layout == "mimo", normed_state=layout == "mimo")
-    weight = target.model.embed_tokens.weight  # embeddings stay high precision in every scheme
-    _load_dense(module, renamed, weight.dtype, weight.device, module_dir)
+    device, dtype = target.model.norm.weight.device, target.dtype  # the activations' (a table may be 16-bit)
+    _load_dense(module, renamed, dtype, device, module_dir)
     if not own_head:
         module.shared.append(target.lm_head)
-    module.target_ids = torch.arange(args.vocab_size, device=weight.device)
-    module.init_rope(weight.device)
+    module.target_ids = torch.arange(args.vocab_size, device=device)
+    module.init_rope(device)
     return module.eval()
 
 
