@@ -1,7 +1,8 @@
 """Plain decode tokens/s against the bandwidth roofline, and next to transformers' generate, same run.
 
     python benchmarks/decode.py --synthetic qwen2.5-0.5b --dtype bfloat16 --max-new-tokens 64
-    python benchmarks/decode.py --model tiny-code --dtype float32
+    python benchmarks/decode.py --model tiny-code --dtype float32 --wide
+    python benchmarks/decode.py --synthetic qwen2.5-0.5b --stored bfloat16 --dtype float32 --wide
     python benchmarks/decode.py --synthetic qwen2.5-7b --device cuda --static --quant none,int4,fp8-block
 
 Each target (--quant: the model as loaded, and each load-time scheme) and transformers decode
@@ -10,7 +11,10 @@ the median over --repeats is reported. Per target: tokens/s, the weight bytes it
 (speclite.engine.memory.step_bytes) and the fraction of the roofline reached (weight bytes / copy
 bandwidth, measured in the same run, is the fastest a batch-1 step can be). transformers runs its
 dynamic cache and, with --hf-static, its static cache with torch.compile where that works (a
-failure is one line of output, not the end of the run).
+failure is one line of output, not the end of the run). speclite's models are placed as LLM places
+them: float32 weights that are exact in 16 bits narrowed (speclite.model.narrow), then the arena;
+--wide also times the model as loaded, every weight float32 (what narrowing saves); --stored picks
+the synthetic checkpoint's dtype (most real ones are bf16) apart from the run's --dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from speclite.engine.loop import Request, decode
 from speclite.engine.memory import step_bytes
 from speclite.model import arena, load_model
 from speclite.model.loader import resolve_device, resolve_dtype
+from speclite.model.narrow import narrow
 from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
 from speclite.synthetic import build_synthetic
@@ -82,6 +87,8 @@ def main():
     ap.add_argument("--layers", type=int, default=None, help="synthetic: fewer layers, for a quicker run")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--stored", default=None, help="synthetic: the checkpoint's dtype (default: --dtype)")
+    ap.add_argument("--wide", action="store_true", help="also time the model as loaded, without narrowing")
     ap.add_argument("--quant", default="none", help="comma list of targets: none (as loaded) and load-time schemes "
                     "(int4, w8a8, fp8-block, int4/w8a8, ...)")
     ap.add_argument("--prompt-len", type=int, default=32)
@@ -99,16 +106,19 @@ def main():
     dtype = resolve_dtype(args.dtype, device)
     schemes = [s.strip() for s in args.quant.split(",") if s.strip()]
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_synthetic(args.synthetic, tmp, layers=args.layers, dtype=dtype,
+        stored = resolve_dtype(args.stored, device) if args.stored else dtype
+        model_dir = build_synthetic(args.synthetic, tmp, layers=args.layers, dtype=stored,
                                     device=device) if args.synthetic \
             else hub.resolve(args.model)
         ours = {}  # label -> speclite's model
-        for scheme in schemes:
+        for scheme, wide in [(s, False) for s in schemes] + ([("none", True)] if args.wide else []):
             model = load_model(model_dir, device=device, dtype=dtype)
             if scheme != "none":
                 quantize_model(model, scheme)
+            if not wide:
+                narrow(model)
             arena.settle(model)  # as LLM places a user's weights (nothing to move on a GPU)
-            ours[f"speclite {scheme}" + (" (static)" if args.static else "")] = model
+            ours[f"speclite {scheme}" + (", not narrowed" if wide else "") + (" (static)" if args.static else "")] = model
         theirs = {}
         if not args.skip_transformers:
             theirs["transformers generate"] = (load_transformers(model_dir, dtype, device, False), False)
