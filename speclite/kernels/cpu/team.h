@@ -226,6 +226,16 @@ void run(int threads, F &&f) {
         f();
         return;
     }
+    if (wall0 < p.awake_from.load(std::memory_order_relaxed)) {
+        // A backoff after contention: the caller computes alone. A worker woken on a shared core
+        // starts late, and every wait for it yields the caller's core to the neighbour for a whole
+        // time slice (one-row steps of the embedded pair 8.7x slower beside two busy threads). Only
+        // a team call can end the backoff (a clear window of the caller alone says nothing of the
+        // other cores); a shared one of its own extends it.
+        f();
+        watch_contention(p, my_share.judge(now_ns() - wall0, cpu_ns() - cpu0) == 1 ? 1 : -1);
+        return;
+    }
     p.job = [](void *arg) { (*static_cast<Job *>(arg))(); };
     p.arg = (void *)&f;
     p.threads = threads;
