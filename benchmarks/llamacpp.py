@@ -324,7 +324,8 @@ def main():
               f"{' (speclite decoded after 1 token of context there)' if mode == 'decode' and i == 1 else ''}: "
               "the runs before it died of a signal here (see above)")
     if pair:
-        print("\nembedded pair (tiny-code + tiny-code-draft; float32 in both: speclite on the CPU default, llama.cpp GGUF f32), 128 tokens\n")
+        print("\nembedded pair (tiny-code + tiny-code-draft; float32 in both: speclite on the CPU default, its "
+              "bf16-valued weights held in 16 bits, llama.cpp GGUF f32), 128 tokens\n")
         print("| method | speclite tok/s | llama.cpp tok/s | ratio |")
         print("|---|---|---|---|")
         s, ll = m["pair/speclite/plain"], m["pair/llama/plain"]
