@@ -1,5 +1,6 @@
-"""float32 CPU models keep 16-bit-exact linear weights in 16 bits (speclite.model.narrow): the
-same logits (AVX-512: bit for bit), half the bytes, and nothing narrowed that is not exact."""
+"""float32 CPU models keep 16-bit-exact linear weights and embedding tables in 16 bits
+(speclite.model.narrow): the same logits and greedy chains (AVX-512: bit for bit), half the bytes,
+and nothing narrowed that is not exact."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def save_in(path, dtype, seed, tie=False, **kw):
 @pytest.fixture(scope="module")
 def bf16_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("narrow")
-    return {"untied": save_in(root / "untied", torch.bfloat16, 3), "tied": save_in(root / "tied", torch.bfloat16, 4, tie=True),
+    return {"untied": save_in(root / "untied", torch.bfloat16, 3),
+            "tied": save_in(root / "tied", torch.bfloat16, 4, tie=True),
             "fp32": save_in(root / "fp32", torch.float32, 5), "f16": save_in(root / "f16", torch.float16, 6)}
 
 
@@ -50,13 +52,14 @@ def logits_of(model, tokens: torch.Tensor) -> torch.Tensor:
 @needs_kernels
 @pytest.mark.parametrize("which,half", [("untied", torch.bfloat16), ("tied", torch.bfloat16), ("f16", torch.float16)])
 def test_a_16_bit_checkpoint_run_in_float32_keeps_its_weights_16_bit_with_the_same_logits(isa, bf16_dirs, which, half):
-    wide, narrowed = load_model(bf16_dirs[which], dtype=torch.float32), load_model(bf16_dirs[which], dtype=torch.float32)
+    wide, narrowed = (load_model(bf16_dirs[which], dtype=torch.float32) for _ in range(2))
     before = model_bytes(narrowed)
     saved = narrow(narrowed)
     for wide_m, m in zip(linears(wide) + [wide.model.embed_tokens], linears(narrowed) + [narrowed.model.embed_tokens]):
         assert m.weight.dtype == half and torch.equal(m.weight.float(), wide_m.weight)
         assert getattr(m, "bias", None) is None or m.bias.dtype == torch.float32
-    assert (narrowed.lm_head.weight is narrowed.model.embed_tokens.weight) == (which == "tied")  # a tie stays one tensor
+    tied = narrowed.lm_head.weight is narrowed.model.embed_tokens.weight
+    assert tied == (which == "tied")  # a tie stays one tensor
     assert narrowed.dtype == torch.float32 and narrowed.new_cache(8).layers[0][0].dtype == torch.float32
     assert all(n.weight.dtype == torch.float32 for n in narrowed.modules() if type(n).__name__ == "RMSNorm")
     assert saved > 0 and model_bytes(narrowed) == before - saved

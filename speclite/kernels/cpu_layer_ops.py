@@ -180,7 +180,8 @@ def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.T
     positions start..), then one row per step; each step's last row through head's norm and lm_head,
     the argmax mapped through vocab_map (int64 draft id -> token, or None) fed next with the row's
     layer output (or with normed_state, the norm's) as the state. The head's cache (cache_layer: its
-    one layer's keys and values) gains T + steps - 1 entries. The drafts its steps one by one would give."""
+    one layer's keys and values) gains T + steps - 1 entries. The drafts its steps one by one would
+    give."""
     drafts = (ctypes.c_int * steps)()
     cache_k, cache_v = cache_layer
     hidden = hidden.contiguous()
