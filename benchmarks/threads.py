@@ -3,11 +3,14 @@
     python benchmarks/threads.py --rounds 3            # tiny-code, float32, 64 tokens
     python benchmarks/threads.py --model /path/to/dir --dtype bfloat16 --quant int4
     python benchmarks/threads.py --spins 1000,30000 --method pard --draft tiny-code-pard
+    python benchmarks/threads.py --neighbour every-cpu --method eagle3 --draft tiny-code-eagle3
 
 Each measurement is a fresh process (libgomp reads its settings once, when torch loads it). The
 neighbour is one pure-Python busy loop, the way a compiler or a second job shares a laptop. Rows:
 speclite's default (GOMP_SPINCOUNT=1000), libgomp's own default (OMP_WAIT_POLICY unset, spinning
 ~300k iterations), and OMP_WAIT_POLICY=passive; with and without the neighbour; median tok/s.
+`--neighbour every-cpu` makes it one busy loop per CPU at nice 10 instead (a niced build or training
+job holding every core: where the kernels' team had each call wait for a worker on a shared core).
 `--spins` replaces the first row by one row per GOMP_SPINCOUNT value; `--method` / `--draft` decode
 speculatively (k=4).
 """
@@ -58,6 +61,8 @@ def main():
     p.add_argument("--spins", default=None, help="comma list of GOMP_SPINCOUNT values, each a row")
     p.add_argument("--method", default=None, help="a speculative method (k=4)")
     p.add_argument("--draft", default=None, help="the method's draft")
+    p.add_argument("--neighbour", choices=("one", "every-cpu"), default="one",
+                   help="one busy loop, or one per CPU at nice 10")
     args = p.parse_args()
     settings = dict(SETTINGS)
     if args.spins:
@@ -66,16 +71,19 @@ def main():
     results: dict[tuple[str, bool], list[float]] = {}
     for _ in range(args.rounds):
         for busy in (False, True):
-            neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+            loop = [sys.executable, "-c", "while True: pass"]
+            count = (os.cpu_count() if args.neighbour == "every-cpu" else 1) if busy else 0
+            niced = ["nice", "-n", "10"] if args.neighbour == "every-cpu" else []
+            neighbours = [subprocess.Popen(niced + loop) for _ in range(count)]
             try:
                 for name, setting in settings.items():
                     results.setdefault((name, busy), []).append(measure(args, setting))
             finally:
-                if neighbour:
+                for neighbour in neighbours:
                     neighbour.kill()
                     neighbour.wait()
     print(f"{args.model} {args.dtype} quant={args.quant} {args.method or 'plain'}, {args.tokens} tokens, "
-          f"{os.cpu_count()} CPUs, median of {args.rounds} rounds (tok/s)")
+          f"{os.cpu_count()} CPUs, neighbour: {args.neighbour}, median of {args.rounds} rounds (tok/s)")
     print("| OpenMP wait | idle | busy neighbour | busy / idle |")
     print("|---|---|---|---|")
     for name in settings:
