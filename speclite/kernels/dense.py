@@ -20,11 +20,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.device.type == "cpu" and x.dim() == 2:
         if weight.dtype in HALF and weight.is_contiguous() and cpu_gemm.takes(x):
             y = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([weight]))
-            return y if bias is None else y + bias
-        weight = weight.to(x.dtype)
-        if x.shape[0] == 1:
-            y = torch.mv(weight, x[0]).unsqueeze(0)
+        elif x.shape[0] == 1:
+            y = torch.mv(weight.to(x.dtype), x[0]).unsqueeze(0)
         else:
-            return F.linear(x, weight, bias)
+            return F.linear(x, weight.to(x.dtype), bias)
         return y if bias is None else y + bias
     return F.linear(x, weight.to(x.dtype), bias)
