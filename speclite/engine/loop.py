@@ -5,8 +5,9 @@ token plus the drafts (a chain, or a tree under a tree mask) through the target 
 verifies, keeps the accepted path's cache entries and emits the accepted drafts plus one token
 from the target; the proposer observes them with the hidden states it asked for. With no proposer
 (k = 0) that is exactly plain decoding, so plain, naive and speculative runs share every line
-that decides which token comes out; plain greedy decoding on the CPU kernels only batches its
-steps, a chunk per call (the same tokens as single steps, tested).
+that decides which token comes out; greedy decoding on the CPU kernels only batches its
+iterations, plain steps or a proposer's speculative ones, many per call (the same tokens as
+iterations one by one, tested).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from speclite.engine.stats import RequestStats
 from speclite.model import KVCache, Transformer
 from speclite.model.step import NOTHING, Tree
 from speclite.sampling import SamplingParams, make_generator
-from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.schedule import SpecLength
 from speclite.speculate.verify import get_verifier, reject_all
 
@@ -89,32 +90,36 @@ class Decoding:
 
         try:
             token, produced, step_s = prompt[-1], 0, None
-            chunked = spec is None and params.greedy and not params.stop  # may plain steps go in chunks
+            chunked = params.greedy and not params.stop  # may iterations run in calls of their own
+            eos = set() if params.ignore_eos else request.eos_ids
             while True:
                 room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
                 if room <= 0:
                     return
-                proposal = NO_DRAFTS
-                started = time.perf_counter()
-                if spec is not None:
-                    k = min(spec.length.next_k(), room - 1)
-                    if k > 0:
-                        proposal = spec.proposer.propose(k)
-                draft_s = time.perf_counter() - started
-                verify_started = time.perf_counter()
-                start = cache.length
-                # Plain greedy decoding, once a step is timed: the target continues itself for a
-                # chunk of steps in one call where its CPU kernels can (the tokens of single steps,
-                # without Python between them), the chunk streamed about every CHUNK_S. Not with a
+                k = min(spec.length.next_k(), room - 1) if spec is not None else 0
+                started, start = time.perf_counter(), cache.length
+                # Greedy decoding, once an iteration is timed: about CHUNK_S of iterations in one call
+                # where the CPU kernels can, without Python between them (the tokens of iterations one
+                # by one): plain steps as the target's greedy chain, speculative iterations where the
+                # proposer runs them with the target (greedy_run); streamed after each call. Not with a
                 # stop string: the engine looks for it after every token. Declined once (no kernels
-                # for this model or device), declined for the request.
-                chunk, n = None, min(room, int(CHUNK_S / step_s)) if chunked and step_s else 0
-                if n > 1:
-                    chunk = target.greedy_chain(token, cache, n, target.args.vocab_size)
-                    chunked = chunk is not None
-                if chunk:
-                    path, new = [], chunk
+                # for these models or device), declined for the request.
+                run = None
+                if chunked and step_s:
+                    if spec is None:
+                        steps = min(room, int(CHUNK_S / step_s))
+                        chain = target.greedy_chain(token, cache, steps, target.args.vocab_size) if steps > 1 else []
+                        run = None if chain is None else [Iteration(0, 0, [t], 0.0, 0.0) for t in chain]
+                    elif k > 0:
+                        run = spec.proposer.greedy_run(target, cache, token, k, room, eos, CHUNK_S)
+                    chunked = run is not None
+                if run:
+                    new = [t for iteration in run for t in iteration.tokens]
+                    draft_s = sum(iteration.draft_s for iteration in run)
+                    verify_s = time.perf_counter() - started - draft_s
                 else:
+                    proposal = spec.proposer.propose(k) if k > 0 else NO_DRAFTS
+                    draft_s = time.perf_counter() - started
                     # One pass over the last committed token and every draft; a tree sees ancestors only.
                     tree = None if proposal.is_chain else Tree.of(proposal.parents, device)
                     step = target.step(torch.tensor([token] + proposal.tokens, device=device), cache, tree=tree,
@@ -123,28 +128,32 @@ class Decoding:
                     rows = [0] + [1 + i for i in path]  # the forward's rows that stand
                     cache.keep([start + r for r in rows])
                     new = [proposal.tokens[i] for i in path] + [token]
+                    verify_s = time.perf_counter() - started - draft_s
+                    run = [Iteration(len(proposal.tokens), len(path), new, draft_s, verify_s, proposal.depth(), proposal.parts)]
+                    if spec is not None:
+                        spec.proposer.observe(new, step.select(rows) if wants else None)
                 token = new[-1]
-                verify_s = time.perf_counter() - verify_started
                 step_s = verify_s / len(new)
                 stats.draft_s += draft_s
                 stats.verify_s += verify_s
-
                 if spec is not None:
-                    spec.length.observe(len(proposal.tokens), len(path), draft_s, verify_s)
-                    spec.proposer.observe(new, step.select(rows) if wants else None)
+                    for iteration in run:
+                        spec.length.observe(iteration.drafted, iteration.accepted, iteration.draft_s, iteration.verify_s)
                 # A draft may carry an EOS that the target confirmed: stop right after it.
                 for i, t in enumerate(new):
-                    if t in request.eos_ids and not params.ignore_eos:
+                    if t in eos:
                         new = new[: i + 1]
                         self.finish_reason = "stop"
                         break
                 produced += len(new)
-                if chunk:
-                    cache.rollback(start + len(new))  # what was fed after an EOS goes
-                    for _ in new:  # a chunk is that many plain steps
-                        stats.record(0, 0, 1)
-                else:
-                    stats.record(len(proposal.tokens), len(path), len(new), proposal.depth(), proposal.parts)
+                cache.rollback(start + len(new))  # what was fed after an EOS goes
+                emitted = len(new)
+                for iteration in run:
+                    stats.record(iteration.drafted, iteration.accepted, min(len(iteration.tokens), emitted),
+                                 iteration.depth, iteration.parts)
+                    emitted -= len(iteration.tokens)
+                    if emitted <= 0:
+                        break
                 yield new
                 if self.finish_reason == "stop":
                     return

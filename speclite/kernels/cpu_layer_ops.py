@@ -124,6 +124,23 @@ class Layers:
         return self.caches[1:]
 
 
+class Decoder(ctypes.Structure):
+    """A whole model for the C loops that run several of its forwards in one call (parallel_greedy):
+    its Layers (with their Head), embedding table, KV cache and the RoPE rows of every cache
+    position. Mirrors struct Decoder in kernels.cpp."""
+
+    _fields_ = [("layers", _P), ("n", _I), ("head", ctypes.POINTER(Head)), ("embed", _P), ("edt", _I),
+                ("caches_k", _P), ("caches_v", _P), ("cos", _P), ("sin", _P), ("max_len", _I), ("scale", _F)]
+
+    def __init__(self, layers: Layers, embed: torch.Tensor, cache_layers, cos: torch.Tensor, sin: torch.Tensor):
+        caches_k, caches_v = layers.cache_pointers(cache_layers)
+        super().__init__(ctypes.cast(layers.array, _P), len(layers.layers), ctypes.pointer(layers.head), embed.data_ptr(),
+                         DTYPES[embed.dtype], ctypes.cast(caches_k, _P), ctypes.cast(caches_v, _P), cos.data_ptr(),
+                         sin.data_ptr(), cache_layers[0][0].shape[1], layers.layers[0].head_dim ** -0.5)
+        self.dtype, self.rope_row = cos.dtype, cos.stride(0) * cos.element_size()  # bytes a position
+        self.keep = (layers, embed, cos, sin, caches_k, caches_v)
+
+
 def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layers,
                    start: int, keys: int, mask: torch.Tensor | None, wants: tuple[int, ...] = (),
                    logit_rows: int = 0, final: bool = False, embeds: torch.Tensor | None = None):
@@ -155,19 +172,17 @@ def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torc
     return out, captured, None if head is None else (normed, logits)
 
 
-def greedy_chain(layers: Layers, embed: torch.Tensor, token: int, cos: torch.Tensor, sin: torch.Tensor,
-                 cache_layers, start: int, vocab: int, steps: int) -> list[int]:
-    """`steps` greedy tokens after `token`, in one call and one thread team: the token embedded (embed
-    [V', H]: the activations' dtype, cos's, or a 16-bit table widened) and run through every layer and
-    layers.head at position start (cos/sin: the RoPE rows of positions start.., consecutive), the
-    argmax of its first `vocab` logits fed at start + 1, and so on; the caches gain `steps` entries.
-    The tokens k single decoder_layers steps would give."""
+def greedy_chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int) -> list[int]:
+    """`steps` greedy tokens after `token`, in one call and one thread team: the token embedded and run
+    through the whole model (a Decoder) at cache position start, the argmax of its first `vocab`
+    logits fed at start + 1, and so on; the cache gains `steps` entries. The tokens k single
+    decoder_layers steps would give."""
     tokens = (ctypes.c_int * steps)()
-    caches_k, caches_v = layers.cache_pointers(cache_layers)
+    rope = start * decoder.rope_row
     _library().speclite_greedy_chain(
-        layers.array, len(layers.layers), layers.head, embed.data_ptr(), DTYPES[embed.dtype], token, caches_k, caches_v,
-        DTYPES[cos.dtype], cos.data_ptr(), sin.data_ptr(), cache_layers[0][0].shape[1], start,
-        layers.layers[0].head_dim ** -0.5, vocab, steps, tokens, torch.get_num_threads())
+        decoder.layers, decoder.n, decoder.head, decoder.embed, decoder.edt, token, decoder.caches_k, decoder.caches_v,
+        DTYPES[decoder.dtype], decoder.cos + rope, decoder.sin + rope, decoder.max_len, start, decoder.scale, vocab,
+        steps, tokens, torch.get_num_threads())
     return list(tokens)
 
 
@@ -194,6 +209,27 @@ def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.T
     return list(drafts)
 
 
+def parallel_greedy(target: Decoder, draft: Decoder, t_len: int, d_len: int, unseen: list[int], mask: int, token: int,
+                    k: int, d_vocab: int, room: int, eos: set[int], seconds: float):
+    """Greedy speculative iterations of a parallel draft and its target in one call (see
+    speclite_parallel_greedy): ([per iteration (drafts offered, drafts stood, new tokens, draft s,
+    verify s)], the target's and the draft's cache lengths after them)."""
+    cap = max(room, 1)
+    tokens, drafted, accepted = (ctypes.c_int * cap)(), (ctypes.c_int * cap)(), (ctypes.c_int * cap)()
+    draft_ns, verify_ns, lengths = (ctypes.c_int64 * cap)(), (ctypes.c_int64 * cap)(), (ctypes.c_int * 2)()
+    ends = sorted(eos)
+    n = _library().speclite_parallel_greedy(
+        ctypes.byref(target), ctypes.byref(draft), DTYPES[target.dtype], t_len, d_len, (ctypes.c_int * len(unseen))(*unseen),
+        len(unseen), mask, token, k, d_vocab, room, (ctypes.c_int * max(len(ends), 1))(*ends), len(ends),
+        int(seconds * 1e9), tokens, drafted, accepted, draft_ns, verify_ns, lengths, torch.get_num_threads())
+    iterations, at = [], 0
+    for i in range(n):
+        new = list(tokens[at : at + accepted[i] + 1])
+        at += len(new)
+        iterations.append((drafted[i], accepted[i], new, draft_ns[i] / 1e9, verify_ns[i] / 1e9))
+    return iterations, (lengths[0], lengths[1])
+
+
 SIGNATURES = {
     "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
     "speclite_swiglu": [_P, _P, _I, _I, _I],
@@ -204,6 +240,8 @@ SIGNATURES = {
                               ctypes.POINTER(ctypes.c_int), _I],
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
+    "speclite_parallel_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,
+                                 _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
 }
 
 

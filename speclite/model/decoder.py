@@ -434,18 +434,25 @@ class Transformer(nn.Module):
         not (or a sliding window or an embedding hook asks for the step-by-step path): the caller
         then steps. A draft model's greedy chain and plain greedy decoding's chunks, without Python
         between their tokens."""
-        start, embed = cache.length, self.model.embed_tokens
-        if (self.args.sliding_window is not None or type(embed) is not nn.Embedding or hooked([embed])
-                or start + steps > cache.max_len):
+        start, whole = cache.length, self.kernel_decoder(cache)
+        if whole is None or start + steps > cache.max_len:
             return None
-        x = embed.weight[token : token + 1].to(self.dtype)
-        layers = self.cpu_layers(x, cache)
-        if layers is None or layers.head is None:
-            return None
-        cos, sin = self.rope(slice(start, start + steps), cache.max_len, x.dtype, x.device)
-        tokens = cpu_layer_ops.greedy_chain(layers, embed.weight, token, cos, sin, cache.layers, start, vocab, steps)
+        tokens = cpu_layer_ops.greedy_chain(whole, token, start, vocab, steps)
         cache.length = start + steps
         return tokens
+
+    def kernel_decoder(self, cache: KVCache) -> cpu_layer_ops.Decoder | None:
+        """The whole model, embedding and head included, for C calls that run several forwards with
+        `cache` (greedy chains, speculative iterations); None where the CPU kernels do not take all of
+        it, or where a sliding window or an embedding hook asks for the step-by-step path."""
+        embed = self.model.embed_tokens
+        if self.args.sliding_window is not None or type(embed) is not nn.Embedding or hooked([embed]):
+            return None
+        layers = self.cpu_layers(embed.weight[:1].to(self.dtype), cache)
+        if layers is None or layers.head is None:
+            return None
+        cos, sin = self.rope(slice(0, cache.max_len), cache.max_len, self.dtype, embed.weight.device)
+        return cpu_layer_ops.Decoder(layers, embed.weight, cache.layers, cos, sin)
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor,
                        cache: KVCache, wants: Wants = NOTHING) -> Step:

@@ -41,6 +41,10 @@ class StaticDecoder:
         steps one by one, each a graph replay on CUDA."""
         return None
 
+    def kernel_decoder(self, cache: KVCache) -> None:
+        """Declines (see Transformer.kernel_decoder): the fixed-shape steps run one by one."""
+        return None
+
     def step(self, tokens: torch.Tensor, cache: KVCache, num_logits: int | None = None, tree: Tree | None = None,
              wants: Wants = NOTHING) -> Step:
         t, start = tokens.shape[0], cache.length

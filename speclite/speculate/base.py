@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -62,6 +63,19 @@ class Proposal:
         return max(depths, default=0)
 
 
+class Iteration(NamedTuple):
+    """One speculative iteration run by a proposer's greedy_run: drafts offered and stood, the new
+    tokens (the stood drafts and the target's token), seconds spent drafting and verifying."""
+
+    drafted: int
+    accepted: int
+    tokens: list[int]
+    draft_s: float
+    verify_s: float
+    depth: int | None = None  # a tree's levels (None: a chain, as deep as its drafts)
+    parts: tuple[tuple[str, int], ...] | None = None  # Proposal.parts
+
+
 class Proposer(ABC):
     name: str = "proposer"
 
@@ -83,6 +97,14 @@ class Proposer(ABC):
         that produced tokens[j] (the last committed token, then each accepted draft); None when
         nothing is wanted.
         """
+
+    def greedy_run(self, target, cache, token: int, k: int, room: int, eos: set[int], seconds: float) -> list[Iteration] | None:
+        """Greedy iterations with k drafts each, run with the target (its `cache` fed `token` and
+        the drafts) without Python between them, for about `seconds` or until a new token is in
+        `eos`, `room` new tokens at most: the tokens the loop would give, the caches and this
+        proposer's state left as its iterations would leave them. None (the default, or where the
+        models cannot): the loop runs its iterations one by one."""
+        return None
 
     def states_from(self, prompt_ids: list[int]) -> int:
         """The first position of `prompt_ids` whose target states this proposer (which keeps what it

@@ -177,6 +177,30 @@ inline void embed_row(void *dst, int dt, const void *table, int edt, int64_t ind
     for (int e = 0; e < H; e++) store(dst, dt, e, to_float(table, edt, index * H + e));
 }
 
+// A whole model for the loops that run several forwards in one call: its layers and head, its
+// embedding table [V', H] (dtype edt), its KV cache (per layer) and the RoPE rows of every cache
+// position (0..max_len-1, head_dim values each). Mirrored by cpu_layer_ops.Decoder.
+struct Decoder {
+    const Layer *const *layers;
+    int n;
+    const Head *head;
+    const void *embed;
+    int edt;
+    void *const *caches_k, *const *caches_v;
+    const void *cos, *sin;
+    int max_len;
+    float scale;
+
+    // A causal forward of M rows at cache position start, with logits of the last R rows.
+    Step step(int dt, int M, int start) const {
+        const int64_t rope = (int64_t)layers[0]->head_dim * start;
+        return Step{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, start, start + M, scale};
+    }
+};
+
+thread_local Buffers draft_buffers;  // a second model's, beside layer_buffers in the same call
+thread_local std::vector<char> draft_states;
+
 }  // namespace
 
 extern "C" {
@@ -295,6 +319,92 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
             model.sc.barrier.wait(team::size());  // the next step reads x and e
         }
     });
+}
+
+// Greedy speculative iterations of a parallel draft (PARD) and its target in one call and one team,
+// as the decode loop runs them one by one (each forward is speclite_decoder_layers' on the same
+// rows, so the same tokens). An iteration: the draft reads the committed tokens it has not seen
+// (`unseen`, at its cache position d_len..) and k - 1 `mask` tokens, its last k rows' argmaxes over
+// its first d_vocab logits are the drafts; the target reads `token` and the drafts at t_len.., each
+// row's argmax over its logits; drafts stand while they equal the argmax at the row before, and the
+// stood drafts plus the target's token after them are the iteration's new tokens: the next
+// iteration's `unseen`, its last one the next `token`. The draft's cache keeps its real tokens' entries
+// (the masks' are overwritten next), the target's its stood rows' (t_len advances past them).
+// k shrinks to fit both caches and `room` new tokens, at least one left to the target; the call
+// stops where that leaves no draft, after an iteration whose new tokens hold one of eos[0..n_eos), or
+// once budget_ns have passed. Out: the new tokens in order, per iteration the drafts offered
+// (drafted), stood (accepted) and the ns spent drafting and verifying; lengths = the caches' final
+// lengths (target, draft). Returns the number of iterations.
+int speclite_parallel_greedy(const Decoder *target, const Decoder *draft, int dt, int t_len, int d_len,
+                             const int *unseen, int n_unseen, int mask, int token, int k, int d_vocab, int room,
+                             const int *eos, int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted,
+                             int64_t *draft_ns, int64_t *verify_ns, int *lengths, int threads) {
+    const int H = target->layers[0]->o->n, Hd = draft->layers[0]->o->n;
+    const int V = target->head->mats->n, Vd = std::min(d_vocab, draft->head->mats->n);
+    const int64_t es = dt == F32 ? 4 : 2;
+    const int first_rows = std::max(n_unseen, k + 1) + k - 1;  // the draft's widest forward
+    Model t{target->layers, target->n, target->head, layer_buffers, scratch, layer_states};
+    Model d{draft->layers, draft->n, draft->head, draft_buffers, scratch, draft_states};
+    t.reserve(k + 1, k + 1, dt);
+    d.reserve(first_rows, k, dt);
+    std::vector<char> xt(es * H * (k + 1)), outt(es * H * (k + 1)), logt(es * V * (k + 1));
+    std::vector<char> xd(es * Hd * first_rows), outd(es * Hd * first_rows), logd(es * draft->head->mats->n * k);
+    std::vector<int> fed(unseen, unseen + n_unseen), drafts(k);
+    std::vector<void *> no_t(target->n + 1, nullptr), no_d(draft->n + 1, nullptr);
+    const int64_t began = team::now_ns();
+    int iterations = 0, produced = 0, kk = 0;  // kk: this iteration's drafts (0: stop), thread 0's to decide
+    bool stop = false;
+    auto decide = [&] {  // thread 0, before an iteration: its k and the draft's rows
+        const int r = std::min(room - produced, target->max_len - t_len);
+        kk = std::min({k, r - 1, draft->max_len - (d_len + (int)fed.size()) + 1});
+        if (stop || kk < 1) {
+            kk = 0;
+            return;
+        }
+        const int M = (int)fed.size() + kk - 1;
+        for (int m = 0; m < M; m++)
+            embed_row(xd.data() + es * Hd * m, dt, draft->embed, draft->edt, m < (int)fed.size() ? fed[m] : mask, Hd);
+    };
+    team::run(threads, [&] {
+        if (team::id() == 0) decide();
+        t.sc.barrier.wait(team::size());  // every thread reads what thread 0 decided
+        while (kk > 0) {
+            const int M = (int)fed.size() + kk - 1;
+            const int64_t t0 = team::now_ns();
+            d.forward_team(draft->step(dt, M, d_len), xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k,
+                           draft->caches_v, kk, nullptr, logd.data());
+            if (team::id() == 0) {
+                const int Vrow = draft->head->mats->n;
+                for (int i = 0; i < kk; i++) drafts[i] = argmax(logd.data() + es * Vrow * i, dt, Vd);
+                embed_row(xt.data(), dt, target->embed, target->edt, token, H);
+                for (int i = 0; i < kk; i++) embed_row(xt.data() + es * H * (i + 1), dt, target->embed, target->edt, drafts[i], H);
+                draft_ns[iterations] = team::now_ns() - t0;
+            }
+            t.sc.barrier.wait(team::size());
+            const int64_t t1 = team::now_ns();
+            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), no_t.data(), target->caches_k,
+                           target->caches_v, kk + 1, nullptr, logt.data());
+            if (team::id() == 0) {
+                int n = 0, best = argmax(logt.data(), dt, V);
+                while (n < kk && drafts[n] == best) best = argmax(logt.data() + es * V * ++n, dt, V);
+                d_len += (int)fed.size();
+                fed.assign(drafts.begin(), drafts.begin() + n);
+                fed.push_back(best);
+                for (int tok : fed) {
+                    tokens[produced++] = tok;
+                    for (int j = 0; j < n_eos; j++) stop |= tok == eos[j];
+                }
+                t_len += n + 1, token = best;
+                drafted[iterations] = kk, accepted[iterations] = n;
+                verify_ns[iterations++] = team::now_ns() - t1;
+                stop |= team::now_ns() - began >= budget_ns;
+                decide();
+            }
+            t.sc.barrier.wait(team::size());
+        }
+    });
+    lengths[0] = t_len, lengths[1] = d_len;
+    return iterations;
 }
 
 }  // extern "C"
