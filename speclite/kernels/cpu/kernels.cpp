@@ -62,14 +62,34 @@ struct Buffers {
 };
 
 // The first of the largest of logits[0..n) (dtype dt), a NaN counting as the largest, as torch.argmax.
+// Eight at a time: the largest value (and whether any is NaN), then the first place that holds it
+// (a speculative iteration's k + 1 rows of a 150k vocabulary, one thread's work between two passes).
 inline int argmax(const void *logits, int dt, int n) {
-    int best = 0;
-    float top = to_float(logits, dt, 0);
-    for (int v = 1; v < n && !std::isnan(top); v++) {
-        const float f = to_float(logits, dt, v);
-        if (f > top || std::isnan(f)) best = v, top = f;
+    const int n8 = n & ~7;
+    __m256 top8 = _mm256_set1_ps(-INFINITY), nan8 = _mm256_setzero_ps();
+    for (int v = 0; v < n8; v += 8) {
+        const __m256 x = load8(logits, dt, v);
+        top8 = _mm256_max_ps(top8, x);
+        nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     }
-    return best;
+    float top = hmax(top8);
+    bool nan = _mm256_movemask_ps(nan8) != 0;
+    for (int v = n8; v < n; v++) {
+        const float f = to_float(logits, dt, v);
+        nan |= std::isnan(f);
+        top = std::max(top, f);
+    }
+    const __m256 want = _mm256_set1_ps(top);
+    for (int v = 0; v < n8; v += 8) {
+        const __m256 x = load8(logits, dt, v);
+        const int hit = _mm256_movemask_ps(nan ? _mm256_cmp_ps(x, x, _CMP_UNORD_Q) : _mm256_cmp_ps(x, want, _CMP_EQ_OQ));
+        if (hit) return v + __builtin_ctz(hit);
+    }
+    for (int v = n8; v < n; v++) {
+        const float f = to_float(logits, dt, v);
+        if (nan ? std::isnan(f) : f == top) return v;
+    }
+    return 0;
 }
 
 thread_local Buffers layer_buffers;         // the caller's: the team shares them
