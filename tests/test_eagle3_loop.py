@@ -8,7 +8,8 @@ import torch
 
 from conftest import cli_generate, save_model, decode_all
 from eagle3_heads import save_head
-from speclite.engine.loop import Speculation
+from speclite.engine.loop import Request, Speculation, decode
+from speclite.kernels import cpu_layer_ops
 from speclite.model import load_model
 from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
@@ -66,6 +67,79 @@ def test_greedy_tree_identical_to_plain(target, heads, layout):
             out, stats = generate(target, prompt, spec)
             assert out == plain[i], (layout, topk, steps, n, i)
             assert stats.proposed > 0
+
+
+def run_loop(target, spec, prompt, eos, max_new):
+    """The loop on one prompt: (tokens, stats, the target cache's length, the proposer's tokens, its
+    committed entries, its pending states, its cache's committed rows)."""
+    cache, p = target.new_cache(96), spec.proposer
+    with torch.inference_mode():
+        run = decode(target, cache, Request(prompt, SamplingParams(max_new_tokens=max_new), eos_ids=eos), spec)
+        out = [t for new in run for t in new]
+    rows = [x[:, : p.committed].clone() for x in p.cache.layers[0]]
+    return out, run.stats, cache.length, list(p.tokens), p.committed, p.pending.clone(), rows
+
+
+@pytest.mark.parametrize("quant", [None, "int4"])
+def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, tmp_path, heads, quant, monkeypatch):
+    """Greedy decoding on the CPU kernels runs the head's chain, the target's pass, the acceptance and
+    fc in one C call for many iterations (greedy_run): the same tokens and iterations (drafts offered
+    and accepted at each position), the target's cache, the head's committed cache rows and pending
+    states as the loop's iterations one by one; both layouts (one maps a smaller draft vocabulary),
+    also where an EOS ends a call's middle iteration and where the room for new tokens ends a call."""
+    save_model(tmp_path, "llama", seed=5, hidden=64, layers=6, intermediate_size=128)
+    target = load_model(tmp_path, "cpu", torch.float32)
+    if quant:
+        target = quantize_model(target, quant, group_size=32)
+    calls = []
+    spy = cpu_layer_ops.head_greedy
+
+    def counting(*args):
+        out = spy(*args)
+        calls.append(len(out[0]))
+        return out
+
+    monkeypatch.setattr(cpu_layer_ops, "head_greedy", counting)
+    eos_in_a_run = 0
+    for layout in ("specforge", "speculators"):
+        for k in range(1, 9):
+            spec = Speculation(proposer(target, heads / layout, quant), SpecLength(k))
+            prompt = PROMPTS[k % len(PROMPTS)]
+            plain_out = run_loop(target, spec, prompt, set(), 48)[0]
+            end = max(i for i, t in enumerate(plain_out) if plain_out.index(t) == i)  # a late first occurrence
+            for eos, max_new, length in ((set(), 48, 48), ({plain_out[end]}, 48, end + 1), (set(), 13, 13)):
+                calls.clear()
+                ours = run_loop(target, spec, prompt, eos, max_new)
+                assert sum(calls) > 1 or eos, (layout, k)  # iterations ran in C
+                eos_in_a_run += bool(eos) and sum(calls) > 0
+                with monkeypatch.context() as m:
+                    m.setattr(Eagle3Proposer, "greedy_run", lambda *a: None)
+                    theirs = run_loop(target, spec, prompt, eos, max_new)
+                assert ours[0] == theirs[0] and len(ours[0]) == length, (layout, k, eos)
+                for field in ("iter_count", "proposed", "accepted", "proposed_at", "accepted_at", "output_len"):
+                    assert getattr(ours[1], field) == getattr(theirs[1], field), (layout, k, eos, field)
+                assert ours[2:5] == theirs[2:5], (layout, k, eos)
+                assert torch.equal(ours[5], theirs[5])
+                assert all(torch.equal(a, b) for a, b in zip(ours[6], theirs[6]))
+    assert eos_in_a_run >= 3
+
+
+def test_greedy_run_declines_trees_and_hooks(target, heads):
+    """A tree, or a forward hook on fc (it must fire): no C run, the loop's own iterations (None)."""
+    for tree, hook in (({"topk": 2, "steps": 3, "num_draft_tokens": 6}, False), ({}, True)):
+        spec = Speculation(proposer(target, heads / "specforge", **tree), SpecLength(4))
+        generate(target, PROMPTS[0], spec)  # the proposer now holds a request's states
+        fired = []
+        handle = spec.proposer.head.model.fc.register_forward_hook(lambda *a: fired.append(1)) if hook else None
+        try:
+            cache = target.new_cache(64)
+            cache.length = len(spec.proposer.tokens) - 1
+            assert spec.proposer.greedy_run(target, cache, spec.proposer.tokens[-1], 4, 8, set(), 1.0) is None
+            if hook:
+                assert generate(target, PROMPTS[0], spec)[0] == generate(target, PROMPTS[0])[0] and fired
+        finally:
+            if handle:
+                handle.remove()
 
 
 def test_int4_target_and_int4_head(tmp_path, heads):

@@ -214,20 +214,56 @@ def parallel_greedy(target: Decoder, draft: Decoder, t_len: int, d_len: int, uns
     """Greedy speculative iterations of a parallel draft and its target in one call (see
     speclite_parallel_greedy): ([per iteration (drafts offered, drafts stood, new tokens, draft s,
     verify s)], the target's and the draft's cache lengths after them)."""
-    cap = max(room, 1)
-    tokens, drafted, accepted = (ctypes.c_int * cap)(), (ctypes.c_int * cap)(), (ctypes.c_int * cap)()
-    draft_ns, verify_ns, lengths = (ctypes.c_int64 * cap)(), (ctypes.c_int64 * cap)(), (ctypes.c_int * 2)()
-    ends = sorted(eos)
+    run, lengths = _Run(room), (ctypes.c_int * 2)()
     n = _library().speclite_parallel_greedy(
-        ctypes.byref(target), ctypes.byref(draft), DTYPES[target.dtype], t_len, d_len, (ctypes.c_int * len(unseen))(*unseen),
-        len(unseen), mask, token, k, d_vocab, room, (ctypes.c_int * max(len(ends), 1))(*ends), len(ends),
-        int(seconds * 1e9), tokens, drafted, accepted, draft_ns, verify_ns, lengths, torch.get_num_threads())
-    iterations, at = [], 0
-    for i in range(n):
-        new = list(tokens[at : at + accepted[i] + 1])
-        at += len(new)
-        iterations.append((drafted[i], accepted[i], new, draft_ns[i] / 1e9, verify_ns[i] / 1e9))
-    return iterations, (lengths[0], lengths[1])
+        ctypes.byref(target), ctypes.byref(draft), DTYPES[target.dtype], t_len, d_len, *_ints(unseen), mask, token, k,
+        d_vocab, room, *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, lengths, torch.get_num_threads())
+    return run.iterations(n), (lengths[0], lengths[1])
+
+
+def head_greedy(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None, fuse: Matrices, aux: list[int],
+                head_cache, head_cos: torch.Tensor, head_sin: torch.Tensor, t_len: int, committed: int, pairs: list[int],
+                pending: torch.Tensor, token: int, k: int, room: int, eos: set[int], seconds: float):
+    """Greedy speculative iterations of a one-layer drafting head (`layers`: its Layers with their Head)
+    over the target's states and the target, in one call (see speclite_head_greedy): ([per iteration
+    (drafts offered, drafts stood, new tokens, draft s, verify s)], (the target's cache length, the
+    head's committed entries), the pending states [T, H] after them)."""
+    run, lengths, pending = _Run(room), (ctypes.c_int * 3)(), pending.contiguous()
+    out = torch.empty(max(k + 1, pending.shape[0]), pending.shape[1], dtype=pending.dtype)
+    (cache_k, cache_v), layer = head_cache, layers.layers[0]
+    n = _library().speclite_head_greedy(
+        ctypes.byref(target), ctypes.byref(layer), layers.head, None if vocab_map is None else vocab_map.data_ptr(),
+        ctypes.byref(fuse), *_ints(aux), cache_k.data_ptr(), cache_v.data_ptr(), head_cos.data_ptr(),
+        head_sin.data_ptr(), cache_k.shape[1], layer.head_dim ** -0.5, DTYPES[target.dtype], t_len, committed,
+        *_ints(pairs), pending.data_ptr(), token, k, room, *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs,
+        out.data_ptr(), lengths, torch.get_num_threads())
+    return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]]
+
+
+def _ints(values: list[int]) -> tuple:
+    """(a C int array of values, its length) for a kernel's (const int *, int) pair."""
+    return (ctypes.c_int * max(len(values), 1))(*values), len(values)
+
+
+class _Run:
+    """What a call of greedy speculative iterations fills: the new tokens, and per iteration the drafts
+    offered and stood and the ns spent drafting and verifying (at most `room` iterations: each
+    brings a token)."""
+
+    def __init__(self, room: int):
+        cap = max(room, 1)
+        self.tokens, self.drafted, self.accepted = ((ctypes.c_int * cap)() for _ in range(3))
+        self.draft_ns, self.verify_ns = (ctypes.c_int64 * cap)(), (ctypes.c_int64 * cap)()
+        self.outputs = (self.tokens, self.drafted, self.accepted, self.draft_ns, self.verify_ns)
+
+    def iterations(self, n: int) -> list[tuple]:
+        """The first n iterations as (drafts offered, drafts stood, new tokens, draft s, verify s)."""
+        out, at = [], 0
+        for i in range(n):
+            new = list(self.tokens[at : at + self.accepted[i] + 1])
+            at += len(new)
+            out.append((self.drafted[i], self.accepted[i], new, self.draft_ns[i] / 1e9, self.verify_ns[i] / 1e9))
+        return out
 
 
 SIGNATURES = {
@@ -240,6 +276,9 @@ SIGNATURES = {
                               ctypes.POINTER(ctypes.c_int), _I],
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
+    "speclite_head_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
+                             ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _P, _I, _P, _I, _I, _I,
+                             _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
     "speclite_parallel_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,
                                  _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
 }

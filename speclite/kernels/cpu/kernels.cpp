@@ -220,6 +220,56 @@ struct Decoder {
 
 thread_local Buffers draft_buffers;  // a second model's, beside layer_buffers in the same call
 thread_local std::vector<char> draft_states;
+thread_local Buffers head_buffers;  // a drafting head's, beside the target's
+thread_local std::vector<char> head_states;
+
+// A one-layer drafting head's greedy chain (speclite_head_chain): step 0 feeds the T rows of x (states)
+// and e (embedding rows) at cache position `from`, each later step one row; a step's argmax over
+// the head's vocabulary (its last row; mapped through vocab_map where set) is the next draft, fed
+// with that row's layer output (normed_state: the norm's) as the state. The cache gains T + steps - 1
+// entries. cos/sin: RoPE rows of positions `start`.. (start <= from).
+struct HeadChain {
+    Model model;
+    const void *embed;
+    int edt;
+    const int64_t *vocab_map;
+    void *cache_k, *cache_v;
+    const void *cos, *sin;
+    int max_len, start;
+    float scale;
+    int normed_state;
+    int H = 0, V = 0, d = 0;
+    int64_t row = 0;
+    std::vector<char> x, e, out, normed, logits;
+
+    // Before the team forks: buffers for T first rows.
+    void reserve(int T, int dt) {
+        model.reserve(T, 1, dt);
+        const Layer &ly = *model.layers[0];
+        H = ly.o->n, V = model.head->mats->n, d = ly.head_dim, row = (int64_t)(dt == F32 ? 4 : 2) * H;
+        for (auto *v : {&x, &e, &out, &normed}) v->resize(row * T);
+        logits.resize((size_t)(dt == F32 ? 4 : 2) * V);
+    }
+
+    // Run by every thread of the team; ends in a barrier.
+    void run_team(int dt, int T, int from, int steps, int *tokens) {
+        void *captures[2] = {nullptr, nullptr};
+        for (int i = 0; i < steps; i++) {
+            const int M = i == 0 ? T : 1, at_pos = i == 0 ? from : from + T - 1 + i;
+            const int64_t rope = (int64_t)d * (at_pos - start);
+            const Step st{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, at_pos, at_pos + M, scale};
+            model.forward_team(st, x.data(), e.data(), out.data(), captures, &cache_k, &cache_v, 1, normed.data(),
+                               logits.data());
+            if (team::id() == 0) {
+                const int best = argmax(logits.data(), dt, V);
+                tokens[i] = vocab_map ? (int)vocab_map[best] : best;
+                memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
+                embed_row(e.data(), dt, embed, edt, tokens[i], H);
+            }
+            model.sc.barrier.wait(team::size());  // the next step reads x and e
+        }
+    }
+};
 
 }  // namespace
 
@@ -315,30 +365,12 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
                          const int *first, int T, const void *hidden, void *cache_k, void *cache_v, int dt,
                          const void *cos, const void *sin, int max_len, int start, float scale, int steps,
                          int normed_state, int *tokens, int threads) {
-    Model model{&layer, 1, head, layer_buffers, scratch, layer_states};
-    model.reserve(T, 1, dt);
-    const int H = layer->o->n, d = layer->head_dim, V = head->mats->n;
-    const int64_t es = dt == F32 ? 4 : 2, row = es * H;
-    std::vector<char> x(row * T), e(row * T), out(row * T), normed(row * T), logits(es * V);
-    void *captures[2] = {nullptr, nullptr};
-    memcpy(x.data(), hidden, row * T);
-    for (int m = 0; m < T; m++) embed_row(e.data() + row * m, dt, embed, edt, first[m], H);
-    team::run(threads, [&] {
-        for (int i = 0; i < steps; i++) {
-            const int M = i == 0 ? T : 1, at_pos = i == 0 ? start : start + T - 1 + i;
-            const int64_t rope = (int64_t)d * (at_pos - start);
-            const Step st{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, at_pos, at_pos + M, scale};
-            model.forward_team(st, x.data(), e.data(), out.data(), captures, &cache_k, &cache_v, 1, normed.data(),
-                               logits.data());
-            if (team::id() == 0) {
-                const int best = argmax(logits.data(), dt, V);
-                tokens[i] = vocab_map ? (int)vocab_map[best] : best;
-                memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
-                embed_row(e.data(), dt, embed, edt, tokens[i], H);
-            }
-            model.sc.barrier.wait(team::size());  // the next step reads x and e
-        }
-    });
+    HeadChain chain{{&layer, 1, head, head_buffers, scratch, head_states}, embed, edt, vocab_map, cache_k, cache_v,
+                    cos, sin, max_len, start, scale, normed_state};
+    chain.reserve(T, dt);
+    memcpy(chain.x.data(), hidden, chain.row * T);
+    for (int m = 0; m < T; m++) embed_row(chain.e.data() + chain.row * m, dt, embed, edt, first[m], chain.H);
+    team::run(threads, [&] { chain.run_team(dt, T, start, steps, tokens); });
 }
 
 // Greedy speculative iterations of a parallel draft (PARD) and its target in one call and one team,
@@ -424,6 +456,98 @@ int speclite_parallel_greedy(const Decoder *target, const Decoder *draft, int dt
         }
     });
     lengths[0] = t_len, lengths[1] = d_len;
+    return iterations;
+}
+
+// Greedy speculative iterations of a one-layer drafting head over the target's states (EAGLE-3) and
+// its target in one call and one team, as the decode loop runs them one by one. The head's cache
+// holds c committed entries; T pending pairs come next: states `pending` [T, Hh] (the head's inputs
+// for positions c..) and `pairs` (the token after each). An iteration: the head's chain (the pairs
+// at c.., then k - 1 steps; speclite_head_chain) drafts k tokens; the target reads `token` and the
+// drafts at t_len.., the inputs of its layers aux[0..n_aux) captured (aux = its layer count: the
+// last layer's output); drafts stand while they equal the argmax at the row before; the stood rows'
+// captured inputs, side by side in aux's order, through `fuse` (fc) are the next pending states,
+// paired with the new tokens (c advances past the pairs, t_len past the new tokens). k shrinks as
+// the loop's proposer shrinks it (room for the head's chain, `room` new tokens, one of them the
+// target's); the call stops where that leaves no draft, after an EOS, or once budget_ns have
+// passed. Out as speclite_parallel_greedy's; lengths = (t_len, c, T) after the last iteration and
+// pending_out [k + 1, Hh] its first T rows the pending states. Returns the number of iterations.
+int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *head, const int64_t *vocab_map,
+                         const Matrices *fuse, const int *aux, int n_aux, void *head_k, void *head_v, const void *head_cos,
+                         const void *head_sin, int head_max_len, float head_scale, int dt, int t_len, int c,
+                         const int *pairs, int T, const void *pending, int token, int k, int room, const int *eos,
+                         int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
+                         int64_t *verify_ns, void *pending_out, int *lengths, int threads) {
+    const int H = target->layers[0]->o->n, V = target->head->mats->n, L = target->n;
+    const int64_t es = dt == F32 ? 4 : 2, trow = es * H;
+    Model t{target->layers, L, target->head, layer_buffers, scratch, layer_states};
+    t.reserve(k + 1, k + 1, dt);
+    ::reserve(scratch, *fuse, k + 1);
+    HeadChain hc{{&layer, 1, head, head_buffers, scratch, head_states}, target->embed, target->edt, vocab_map,
+                 head_k, head_v, head_cos, head_sin, head_max_len, 0, head_scale, 0};
+    hc.reserve(std::max(T, k + 1), dt);
+    std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1)), joined(trow * n_aux * (k + 1));
+    std::vector<std::vector<char>> captured(L + 1);
+    std::vector<void *> captures(L + 1, nullptr);
+    for (int a = 0; a < n_aux; a++) {
+        captured[aux[a]].resize(trow * (k + 1));
+        captures[aux[a]] = captured[aux[a]].data();
+    }
+    captures[L] = nullptr;  // the last layer's output is copied from outt after the pass
+    memcpy(hc.x.data(), pending, hc.row * T);
+    for (int m = 0; m < T; m++) embed_row(hc.e.data() + hc.row * m, dt, target->embed, target->edt, pairs[m], hc.H);
+    std::vector<int> drafts(k);
+    const int64_t began = team::now_ns();
+    int iterations = 0, produced = 0, kk = 0;
+    bool stop = false;
+    auto decide = [&] {  // thread 0, before an iteration
+        const int r = std::min(room - produced, target->max_len - t_len);
+        kk = std::min({k, r - 1, head_max_len - c - T});
+        if (stop || kk < 1) kk = 0;
+    };
+    team::run(threads, [&] {
+        if (team::id() == 0) decide();
+        t.sc.barrier.wait(team::size());  // every thread reads what thread 0 decided
+        while (kk > 0) {
+            const int64_t t0 = team::now_ns();
+            hc.run_team(dt, T, c, kk, drafts.data());
+            if (team::id() == 0) {
+                embed_row(xt.data(), dt, target->embed, target->edt, token, H);
+                for (int i = 0; i < kk; i++) embed_row(xt.data() + trow * (i + 1), dt, target->embed, target->edt, drafts[i], H);
+                draft_ns[iterations] = team::now_ns() - t0;
+            }
+            t.sc.barrier.wait(team::size());
+            const int64_t t1 = team::now_ns();
+            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captures.data(),
+                           target->caches_k, target->caches_v, kk + 1, nullptr, logt.data());
+            int n = 0;
+            if (team::id() == 0) {
+                if (!captured[L].empty()) memcpy(captured[L].data(), outt.data(), trow * (kk + 1));
+                int best = argmax(logt.data(), dt, V);
+                while (n < kk && drafts[n] == best) best = argmax(logt.data() + es * V * ++n, dt, V);
+                for (int r = 0; r <= n; r++) {
+                    const int tok = r < n ? drafts[r] : best;
+                    tokens[produced++] = tok;
+                    for (int j = 0; j < n_eos; j++) stop |= tok == eos[j];
+                    embed_row(hc.e.data() + hc.row * r, dt, target->embed, target->edt, tok, hc.H);
+                    for (int a = 0; a < n_aux; a++)
+                        memcpy(joined.data() + trow * (n_aux * r + a), captured[aux[a]].data() + trow * r, trow);
+                }
+                c += T, T = n + 1, t_len += n + 1, token = best;
+                drafted[iterations] = kk, accepted[iterations] = n;
+            }
+            t.sc.barrier.wait(team::size());
+            matmul_team(*fuse, joined.data(), dt, T, hc.x.data(), t.sc);  // the next pending states
+            if (team::id() == 0) {
+                verify_ns[iterations++] = team::now_ns() - t1;
+                stop |= team::now_ns() - began >= budget_ns;
+                decide();
+            }
+            t.sc.barrier.wait(team::size());
+        }
+    });
+    memcpy(pending_out, hc.x.data(), hc.row * T);
+    lengths[0] = t_len, lengths[1] = c, lengths[2] = T;
     return iterations;
 }
 

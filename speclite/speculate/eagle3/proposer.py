@@ -19,10 +19,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speclite.kernels import cpu_gemm, cpu_layer_ops
+from speclite.model.decoder import hooked, rope_rows
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
 from speclite.sampling import sample, uniform, warp
-from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.eagle3.head import Eagle3Head
 
 
@@ -93,6 +95,32 @@ class Eagle3Proposer(Proposer):
         else:
             kept = self.pending[: first - self.committed] if self.pending is not None else fused[:0]
             self.pending = torch.cat([kept, fused])
+
+    def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
+        """On the CPU, target and head whole in the kernels and a chain asked for: the iterations in one
+        C call, the head's chain (its pending pairs first), the target's pass capturing the layers the
+        head reads, the acceptance and `fc` over the stood rows each time. [] where the pending rows
+        are not all pairs yet (the loop's own iteration sorts them out)."""
+        head, fc = self.head, self.head.model.fc
+        if self.topk != 1 or head.model.input_norm is not None or hooked([fc, self.embed]):
+            return None
+        theirs = target.kernel_decoder(cache)
+        layers = None if theirs is None or self.pending is None else head.cpu_layers(self.pending)
+        fuse = None if layers is None else cpu_gemm.module_matrices(self.pending, [fc])
+        if fuse is None or theirs.dtype != self.pending.dtype or self.cache.layers[0][0].dtype != self.pending.dtype:
+            return None
+        c, t = self.committed, self.pending.shape[0]
+        if t != len(self.tokens) - 1 - c:
+            return []
+        cos, sin = rope_rows(head, slice(0, self.cache.max_len), self.cache.max_len, self.pending.dtype, self.pending.device)
+        run, (cache.length, self.committed), self.pending = cpu_layer_ops.head_greedy(
+            theirs, layers, head.target_ids, fuse, list(head.aux_layers), self.cache.layers[0], cos, sin, cache.length, c,
+            self.tokens[c + 1 :], self.pending, token, min(k, self.steps or k), room, eos, seconds)
+        self.cache.length = self.committed
+        run = [Iteration(*iteration) for iteration in run]
+        for iteration in run:
+            self.tokens.extend(iteration.tokens)
+        return run
 
     def _step(self, tokens: list[int] | torch.Tensor, hidden: torch.Tensor, positions: list[int] | torch.Tensor,
               mask=None):
