@@ -24,7 +24,7 @@ from speclite.model.step import NOTHING, Tree
 from speclite.sampling import SamplingParams, make_generator
 from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.schedule import SpecLength
-from speclite.speculate.verify import get_verifier, reject_all
+from speclite.speculate.verify import get_verifier, greedy, reject_all
 
 NO_DRAFTS = Proposal([])
 CHUNK_S = 0.02  # plain greedy decoding's chunk: seconds of steps per call (a decode step or more)
@@ -90,7 +90,8 @@ class Decoding:
 
         try:
             token, produced, step_s = prompt[-1], 0, None
-            chunked = params.greedy and not params.stop  # may iterations run in calls of their own
+            # May iterations run in calls of their own: argmax verification (not a debugging policy's).
+            chunked = params.greedy and not params.stop and (spec is None or verifier is greedy)
             eos = set() if params.ignore_eos else request.eos_ids
             while True:
                 room = min(params.max_new_tokens - produced, cache.max_len - cache.length)

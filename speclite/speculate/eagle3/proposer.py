@@ -101,8 +101,12 @@ class Eagle3Proposer(Proposer):
         C call, the head's chain (its pending pairs first), the target's pass capturing the layers the
         head reads, the acceptance and `fc` over the stood rows each time. [] where the pending rows
         are not all pairs yet (the loop's own iteration sorts them out)."""
+        # The C loop makes the states as _states does here (fc over the captured layer inputs): not a
+        # subclass's own (MTP's final state), nor with a norm before fc.
+        if type(self)._states is not Eagle3Proposer._states or self.topk != 1:
+            return None
         head, fc = self.head, self.head.model.fc
-        if self.topk != 1 or head.model.input_norm is not None or hooked([fc, self.embed]):
+        if head.model.input_norm is not None or hooked([fc, self.embed]):
             return None
         theirs = target.kernel_decoder(cache)
         layers = None if theirs is None or self.pending is None else head.cpu_layers(self.pending)
