@@ -18,10 +18,8 @@ from speclite.api import SpecConfig
 from speclite.errors import SpecliteError
 from speclite.model import load_model
 from speclite.speculate import RequestContext
-from speclite.engine.loop import Request, Speculation, decode
-from speclite.kernels import cpu_build, cpu_layer_ops
 from speclite.speculate.pard import ParallelDraftProposer
-from speclite.speculate.schedule import AdaptiveSpecLength, SpecLength
+from speclite.speculate.schedule import AdaptiveSpecLength
 from test_sampling_exact import SETTINGS, chi_square_pvalue, exact_distributions, models, sampled_counts  # noqa: F401
 
 PROMPTS = ["def add(a, b):", "the quick brown", "import os\nimport sys\n", '{"id": 1, "name":',
@@ -145,85 +143,6 @@ def test_proposals_equal_the_draft_run_from_scratch(pard):
         new = drafts[: rng.randrange(k + 1)] + [rng.randrange(vocab)]
         proposer.observe(new)
         seq += new
-
-
-def run_loop(llm, prompt: str, k: int, eos: set[int], max_new: int):
-    """The decode loop straight on an LLM's target and PARD proposer: (tokens, stats, target cache
-    length, the proposer's tokens, its cache's length and rows)."""
-    proposer, cache = llm.engine.spec.proposer, llm.target.new_cache(256)
-    request = Request(llm.encode(prompt), SamplingParams(max_new_tokens=max_new), eos_ids=eos)
-    run = decode(llm.target, cache, request, Speculation(proposer, SpecLength(k)))
-    out = [t for new in run for t in new]
-    n = proposer.cache.length
-    rows = [(kc[:, :n].clone(), vc[:, :n].clone()) for kc, vc in proposer.cache.layers]
-    return out, run.stats, cache.length, list(proposer.tokens), n, rows
-
-
-@pytest.mark.parametrize("quant", [None, "int4"])
-def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, pard, quant, monkeypatch):
-    """Greedy decoding on the CPU kernels runs PARD's iterations many per C call (greedy_run): the
-    same tokens, the same iterations (drafts offered and accepted at each position), the caches and
-    the proposer left in the same state as the loop's iterations one by one; also where an EOS in
-    a run's middle iteration ends the request, and where the room for new tokens ends a run."""
-    target, draft, _ = pard
-    calls = []
-    spy = cpu_layer_ops.parallel_greedy
-
-    def counting(*args):
-        run, lengths = spy(*args)
-        calls.append(len(run))
-        return run, lengths
-
-    monkeypatch.setattr(cpu_layer_ops, "parallel_greedy", counting)
-    eos_in_a_run = 0
-    for k in range(1, 9):
-        extra = {"quantization": "int4"} if quant else {}
-        llm = LLM(target, {"method": "pard", "model": str(draft), "num_speculative_tokens": k, **extra}, quant=quant)
-        for prompt in PROMPTS[k % 3 :: 3]:
-            plain_out = run_loop(llm, prompt, k, set(), 40)[0]
-            # An EOS as late as the output allows (the first iteration runs in Python; often this one does not).
-            end = max(i for i, t in enumerate(plain_out) if plain_out.index(t) == i)
-            for eos, max_new, length in ((set(), 40, 40), ({plain_out[end]}, 40, end + 1), (set(), 13, 13)):
-                calls.clear()
-                ours = run_loop(llm, prompt, k, eos, max_new)
-                assert sum(calls) > 1 or eos, (k, prompt)  # iterations ran in C
-                eos_in_a_run += bool(eos) and sum(calls) > 0
-                with monkeypatch.context() as m:
-                    m.setattr(ParallelDraftProposer, "greedy_run", lambda *a: None)
-                    theirs = run_loop(llm, prompt, k, eos, max_new)
-                assert ours[0] == theirs[0] and len(ours[0]) == length, (k, prompt, eos)
-                for field in ("iter_count", "proposed", "accepted", "proposed_at", "accepted_at", "output_len"):
-                    assert getattr(ours[1], field) == getattr(theirs[1], field), (k, prompt, eos, field)
-                assert ours[2:5] == theirs[2:5], (k, prompt, eos)
-                for (ka, va), (kb, vb) in zip(ours[5], theirs[5]):
-                    assert torch.equal(ka, kb) and torch.equal(va, vb)
-    assert eos_in_a_run >= 3
-
-
-def test_greedy_run_declines_where_the_models_are_not_whole_in_the_kernels(pard, monkeypatch):
-    """A forward hook on the draft (it must fire), or no CPU kernels: the loop's own iterations,
-    with the same tokens."""
-    target, draft, _ = pard
-    llm = pard_llm(target, draft, 4)
-    expected = llm.generate(PROMPTS[0], GREEDY)[0].token_ids
-    proposer = llm.engine.spec.proposer
-    seen = []
-    handle = proposer.model.model.layers[0].register_forward_hook(lambda *a: seen.append(1))
-    try:
-        assert proposer.greedy_run(llm.target, llm.target.new_cache(64), 1, 4, 10, set(), 1.0) is None
-        assert llm.generate(PROMPTS[0], GREEDY)[0].token_ids == expected
-        assert seen  # the hooked layer ran in Python
-    finally:
-        handle.remove()
-    monkeypatch.setenv("SPECLITE_CPU_KERNELS", "0")
-    cpu_build.isa.cache_clear()
-    try:
-        slow = pard_llm(target, draft, 4)
-        assert slow.generate(PROMPTS[0], GREEDY)[0].token_ids == expected
-        assert slow.engine.spec.proposer.greedy_run(slow.target, slow.target.new_cache(64), 1, 4, 10, set(), 1.0) is None
-    finally:
-        monkeypatch.delenv("SPECLITE_CPU_KERNELS")
-        cpu_build.isa.cache_clear()
 
 
 def test_rejection_sampling_matches_target_distribution(models):  # noqa: F811

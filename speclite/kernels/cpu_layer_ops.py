@@ -125,7 +125,7 @@ class Layers:
 
 
 class Decoder(ctypes.Structure):
-    """A whole model for the C loops that run several of its forwards in one call (parallel_greedy):
+    """A whole model for the C loops that run several of its forwards in one call (draft_greedy):
     its Layers (with their Head), embedding table, KV cache and the RoPE rows of every cache
     position. Mirrors struct Decoder in kernels.cpp."""
 
@@ -209,15 +209,17 @@ def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.T
     return list(drafts)
 
 
-def parallel_greedy(target: Decoder, draft: Decoder, t_len: int, d_len: int, unseen: list[int], mask: int, token: int,
-                    k: int, d_vocab: int, room: int, eos: set[int], seconds: float):
-    """Greedy speculative iterations of a parallel draft and its target in one call (see
-    speclite_parallel_greedy): ([per iteration (drafts offered, drafts stood, new tokens, draft s,
-    verify s)], the target's and the draft's cache lengths after them)."""
+def draft_greedy(target: Decoder, draft: Decoder, t_len: int, d_len: int, unseen: list[int], mask: int | None,
+                 token: int, k: int, d_vocab: int, room: int, eos: set[int], seconds: float):
+    """Greedy speculative iterations of a draft model (parallel, from `mask` tokens; or autoregressive,
+    mask None) and its target in one call (see speclite_draft_greedy): ([per iteration (drafts
+    offered, drafts stood, new tokens, draft s, verify s)], the target's and the draft's cache lengths
+    after them)."""
     run, lengths = _Run(room), (ctypes.c_int * 2)()
-    n = _library().speclite_parallel_greedy(
-        ctypes.byref(target), ctypes.byref(draft), DTYPES[target.dtype], t_len, d_len, *_ints(unseen), mask, token, k,
-        d_vocab, room, *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, lengths, torch.get_num_threads())
+    n = _library().speclite_draft_greedy(
+        ctypes.byref(target), ctypes.byref(draft), DTYPES[target.dtype], t_len, d_len, *_ints(unseen),
+        -1 if mask is None else mask, token, k, d_vocab, room, *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs,
+        lengths, torch.get_num_threads())
     return run.iterations(n), (lengths[0], lengths[1])
 
 
@@ -279,7 +281,7 @@ SIGNATURES = {
     "speclite_head_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
                              ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _P, _I, _P, _I, _I, _I,
                              _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
-    "speclite_parallel_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,
+    "speclite_draft_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,
                                  _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
 }
 

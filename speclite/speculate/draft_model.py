@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from speclite.sampling import row_argmaxes, sample, uniform, warp
+from speclite.kernels import cpu_layer_ops
 from speclite.model import Transformer
+from speclite.sampling import row_argmaxes, sample, uniform, warp
 from speclite.model.kv_cache import shared_prefix
-from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.registry import Method, register
 
 
@@ -37,6 +38,7 @@ def draw_rows(logits: torch.Tensor, ctx: RequestContext) -> Proposal:
 
 class DraftModelProposer(Proposer):
     name = "vanilla"
+    mask_token: int | None = None  # a parallel draft's (PARD): its k drafts come from one forward
 
     def __init__(self, model: Transformer, max_len: int, target_vocab: int):
         self.model = model
@@ -101,6 +103,23 @@ class DraftModelProposer(Proposer):
             token = over_vocab(self.model(token, self.cache, num_logits=1)[-1], self.target_vocab).argmax(-1, keepdim=True)
             drafts.append(token)
         return torch.cat(drafts).tolist()
+
+    def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
+        """On the CPU, both models whole in the kernels: the iterations in one C call, the draft's
+        forward (or forwards), its argmaxes, the target's pass and the acceptance each time (on the
+        embedded pair the Python around each model call cost more than the draft forward itself)."""
+        if self.cache.length >= len(self.tokens):
+            self.cache.rollback(len(self.tokens) - 1)
+        ours, theirs = self.model.kernel_decoder(self.cache), target.kernel_decoder(cache)
+        if ours is None or theirs is None or ours.dtype != theirs.dtype:
+            return None
+        run, (cache.length, self.cache.length) = cpu_layer_ops.draft_greedy(
+            theirs, ours, cache.length, self.cache.length, self.tokens[self.cache.length :], self.mask_token, token, k,
+            self.target_vocab, room, eos, seconds)
+        run = [Iteration(*iteration) for iteration in run]
+        for iteration in run:
+            self.tokens.extend(iteration.tokens)
+        return run
 
     def observe(self, tokens: list[int], states=None) -> None:
         # The cache holds the sequence plus the drafts fed back in (or lags it, when no drafts

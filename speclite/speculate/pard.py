@@ -19,8 +19,7 @@ import torch
 from speclite.errors import SpecliteError
 from speclite.model import Transformer
 from speclite.model.loader import read_config
-from speclite.kernels import cpu_layer_ops
-from speclite.speculate.base import Iteration, Proposal
+from speclite.speculate.base import Proposal
 from speclite.speculate.draft_model import DraftModelProposer, draw_rows, over_vocab
 from speclite.speculate.registry import BuildContext, Method, Option, register
 
@@ -53,23 +52,6 @@ class ParallelDraftProposer(DraftModelProposer):
 
     def observe(self, tokens: list[int], states=None) -> None:
         self.tokens.extend(tokens)  # the cache holds committed tokens only: the new ones go in next propose
-
-    def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
-        """On the CPU, both models whole in the kernels: the iterations in one C call, the draft's
-        forward, its argmaxes, the target's pass and the acceptance each time (the Python around
-        two model calls cost more than the draft forward itself on the embedded pair)."""
-        if self.cache.length >= len(self.tokens):
-            self.cache.rollback(len(self.tokens) - 1)
-        ours, theirs = self.model.kernel_decoder(self.cache), target.kernel_decoder(cache)
-        if ours is None or theirs is None or ours.dtype != theirs.dtype:
-            return None
-        run, (cache.length, self.cache.length) = cpu_layer_ops.parallel_greedy(
-            theirs, ours, cache.length, self.cache.length, self.tokens[self.cache.length :], self.mask_token, token, k,
-            self.target_vocab, room, eos, seconds)
-        run = [Iteration(*iteration) for iteration in run]
-        for iteration in run:
-            self.tokens.extend(iteration.tokens)
-        return run
 
 
 def mask_token(option: int | None, draft_dir: Path, draft_vocab: int) -> int:

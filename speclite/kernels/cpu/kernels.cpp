@@ -373,34 +373,38 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
     team::run(threads, [&] { chain.run_team(dt, T, start, steps, tokens); });
 }
 
-// Greedy speculative iterations of a parallel draft (PARD) and its target in one call and one team,
-// as the decode loop runs them one by one (each forward is speclite_decoder_layers' on the same
-// rows, so the same tokens). An iteration: the draft reads the committed tokens it has not seen
-// (`unseen`, at its cache position d_len..) and k - 1 `mask` tokens, its last k rows' argmaxes over
-// its first d_vocab logits are the drafts; the target reads `token` and the drafts at t_len.., each
-// row's argmax over its logits; drafts stand while they equal the argmax at the row before, and the
-// stood drafts plus the target's token after them are the iteration's new tokens: the next
-// iteration's `unseen`, its last one the next `token`. The draft's cache keeps its real tokens' entries
-// (the masks' are overwritten next), the target's its stood rows' (t_len advances past them).
+// Greedy speculative iterations of a draft model and its target in one call and one team, as the
+// decode loop runs them one by one (each forward is speclite_decoder_layers' on the same rows, so
+// the same tokens). An iteration: the draft reads the committed tokens it has not seen (`unseen`,
+// at its cache position d_len..) and proposes k drafts, the argmaxes over its first d_vocab logits:
+//   a parallel draft (PARD, mask >= 0) in the same forward, from k - 1 `mask` tokens after them (its
+//     last k rows); its cache keeps the real tokens' entries (the masks' are overwritten next);
+//   an autoregressive one (mask < 0) from its last row, then each draft fed in turn (k - 1 one-row
+//     forwards); its cache keeps the fed drafts that stand.
+// The target reads `token` and the drafts at t_len.., each row's argmax over its logits; drafts stand
+// while they equal the argmax at the row before, and the stood drafts plus the target's token after
+// them are the iteration's new tokens (those the draft has not read are the next `unseen`; the last
+// one the next `token`). The target's cache keeps its stood rows' entries (t_len advances past them).
 // k shrinks to fit both caches and `room` new tokens, at least one left to the target; the call
 // stops where that leaves no draft, after an iteration whose new tokens hold one of eos[0..n_eos), or
 // once budget_ns have passed. Out: the new tokens in order, per iteration the drafts offered
 // (drafted), stood (accepted) and the ns spent drafting and verifying; lengths = the caches' final
 // lengths (target, draft). Returns the number of iterations.
-int speclite_parallel_greedy(const Decoder *target, const Decoder *draft, int dt, int t_len, int d_len,
-                             const int *unseen, int n_unseen, int mask, int token, int k, int d_vocab, int room,
-                             const int *eos, int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted,
-                             int64_t *draft_ns, int64_t *verify_ns, int *lengths, int threads) {
-    const int H = target->layers[0]->o->n, Hd = draft->layers[0]->o->n;
-    const int V = target->head->mats->n, Vd = std::min(d_vocab, draft->head->mats->n);
+int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, int t_len, int d_len,
+                          const int *unseen, int n_unseen, int mask, int token, int k, int d_vocab, int room,
+                          const int *eos, int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted,
+                          int64_t *draft_ns, int64_t *verify_ns, int *lengths, int threads) {
+    const int H = target->layers[0]->o->n, Hd = draft->layers[0]->o->n, Vrow = draft->head->mats->n;
+    const int V = target->head->mats->n, Vd = std::min(d_vocab, Vrow);
     const int64_t es = dt == F32 ? 4 : 2;
-    const int first_rows = std::max(n_unseen, k + 1) + k - 1;  // the draft's widest forward
+    const bool parallel = mask >= 0;
+    const int first_rows = std::max(n_unseen, k + 1) + (parallel ? k - 1 : 0);  // the draft's widest forward
     Model t{target->layers, target->n, target->head, layer_buffers, scratch, layer_states};
     Model d{draft->layers, draft->n, draft->head, draft_buffers, scratch, draft_states};
     t.reserve(k + 1, k + 1, dt);
-    d.reserve(first_rows, k, dt);
+    d.reserve(first_rows, parallel ? k : 1, dt);
     std::vector<char> xt(es * H * (k + 1)), outt(es * H * (k + 1)), logt(es * V * (k + 1));
-    std::vector<char> xd(es * Hd * first_rows), outd(es * Hd * first_rows), logd(es * draft->head->mats->n * k);
+    std::vector<char> xd(es * Hd * first_rows), outd(es * Hd * first_rows), logd(es * Vrow * k);
     std::vector<int> fed(unseen, unseen + n_unseen), drafts(k);
     std::vector<void *> no_t(target->n + 1, nullptr), no_d(draft->n + 1, nullptr);
     const int64_t began = team::now_ns();
@@ -413,7 +417,7 @@ int speclite_parallel_greedy(const Decoder *target, const Decoder *draft, int dt
             kk = 0;
             return;
         }
-        const int M = (int)fed.size() + kk - 1;
+        const int M = (int)fed.size() + (parallel ? kk - 1 : 0);
         for (int m = 0; m < M; m++)
             embed_row(xd.data() + es * Hd * m, dt, draft->embed, draft->edt, m < (int)fed.size() ? fed[m] : mask, Hd);
     };
@@ -421,13 +425,20 @@ int speclite_parallel_greedy(const Decoder *target, const Decoder *draft, int dt
         if (team::id() == 0) decide();
         t.sc.barrier.wait(team::size());  // every thread reads what thread 0 decided
         while (kk > 0) {
-            const int M = (int)fed.size() + kk - 1;
             const int64_t t0 = team::now_ns();
+            const int M = (int)fed.size() + (parallel ? kk - 1 : 0), R = parallel ? kk : 1;
             d.forward_team(draft->step(dt, M, d_len), xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k,
-                           draft->caches_v, kk, nullptr, logd.data());
+                           draft->caches_v, R, nullptr, logd.data());
+            if (team::id() == 0)
+                for (int i = 0; i < R; i++) drafts[i] = argmax(logd.data() + es * Vrow * i, dt, Vd);
+            for (int i = 1; !parallel && i < kk; i++) {  // an autoregressive draft's chain
+                if (team::id() == 0) embed_row(xd.data(), dt, draft->embed, draft->edt, drafts[i - 1], Hd);
+                t.sc.barrier.wait(team::size());
+                d.forward_team(draft->step(dt, 1, d_len + M + i - 1), xd.data(), nullptr, outd.data(), no_d.data(),
+                               draft->caches_k, draft->caches_v, 1, nullptr, logd.data());
+                if (team::id() == 0) drafts[i] = argmax(logd.data(), dt, Vd);
+            }
             if (team::id() == 0) {
-                const int Vrow = draft->head->mats->n;
-                for (int i = 0; i < kk; i++) drafts[i] = argmax(logd.data() + es * Vrow * i, dt, Vd);
                 embed_row(xt.data(), dt, target->embed, target->edt, token, H);
                 for (int i = 0; i < kk; i++) embed_row(xt.data() + es * H * (i + 1), dt, target->embed, target->edt, drafts[i], H);
                 draft_ns[iterations] = team::now_ns() - t0;
@@ -439,10 +450,12 @@ int speclite_parallel_greedy(const Decoder *target, const Decoder *draft, int dt
             if (team::id() == 0) {
                 int n = 0, best = argmax(logt.data(), dt, V);
                 while (n < kk && drafts[n] == best) best = argmax(logt.data() + es * V * ++n, dt, V);
-                d_len += (int)fed.size();
-                fed.assign(drafts.begin(), drafts.begin() + n);
+                const int kept = parallel ? 0 : std::min(n, kk - 1);  // fed drafts that stood
+                d_len += (int)fed.size() + kept;
+                fed.assign(drafts.begin() + kept, drafts.begin() + n);
                 fed.push_back(best);
-                for (int tok : fed) {
+                for (int i = 0; i <= n; i++) {
+                    const int tok = i < n ? drafts[i] : best;
                     tokens[produced++] = tok;
                     for (int j = 0; j < n_eos; j++) stop |= tok == eos[j];
                 }
