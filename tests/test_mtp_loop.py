@@ -129,6 +129,7 @@ def test_module_steps_in_one_call_draft_what_its_steps_one_by_one_do(dirs, monke
     chains = []
     real = cpu_layer_ops.head_chain
     monkeypatch.setattr(cpu_layer_ops, "head_chain", lambda *a, **k: chains.append(1) or real(*a, **k))
+    monkeypatch.setattr(MTPProposer, "greedy_run", lambda *a: None)  # proposals one iteration at a time
     runs = []
     for stepwise in (False, True):
         prop = proposer(target, dirs / module if module else None)
@@ -144,3 +145,37 @@ def test_module_steps_in_one_call_draft_what_its_steps_one_by_one_do(dirs, monke
             assert chains, "the chain ran in one call"
             chains.clear()
     assert runs[0] == runs[1] and not chains
+
+
+@pytest.mark.parametrize("target_name, module", [("deepseek", None), ("mimo", None), ("deepseek", "separate-mimo")])
+def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, dirs, target_name, module, monkeypatch):
+    """Greedy decoding on the CPU kernels runs the module's chain, the target's pass, the acceptance and
+    the final normed states in one C call for many iterations (greedy_run; MiMo's normed state and
+    [state, embedding] order, the target's lm_head where the module has none): the same tokens and
+    iterations, the target's cache, the module's committed cache rows and pending states as the
+    loop's iterations one by one, also with an EOS and with the room ending a call."""
+    from speclite.kernels import cpu_layer_ops
+    from test_eagle3_loop import run_loop
+
+    target = load_model(dirs / target_name, "cpu", torch.float32)
+    calls = []
+    real = cpu_layer_ops.head_greedy
+    monkeypatch.setattr(cpu_layer_ops, "head_greedy", lambda *a: calls.append(1) or real(*a))
+    for k in (1, 3, 4, 8):
+        spec = Speculation(proposer(target, dirs / module if module else None, max_len=96), SpecLength(k))
+        for prompt in PROMPTS[:3]:
+            plain_out = run_loop(target, spec, prompt, set(), 48)[0]
+            end = max(i for i, t in enumerate(plain_out) if plain_out.index(t) == i)
+            for eos, max_new, length in ((set(), 48, 48), ({plain_out[end]}, 48, end + 1), (set(), 13, 13)):
+                calls.clear()
+                ours = run_loop(target, spec, prompt, eos, max_new)
+                assert calls or eos, (k, prompt)  # iterations ran in C
+                with monkeypatch.context() as m:
+                    m.setattr(MTPProposer, "greedy_run", lambda *a: None)
+                    theirs = run_loop(target, spec, prompt, eos, max_new)
+                assert ours[0] == theirs[0] and len(ours[0]) == length, (k, eos)
+                for field in ("iter_count", "proposed", "accepted", "proposed_at", "accepted_at", "output_len"):
+                    assert getattr(ours[1], field) == getattr(theirs[1], field), (k, eos, field)
+                assert ours[2:5] == theirs[2:5], (k, eos)
+                assert torch.equal(ours[5], theirs[5])
+                assert all(torch.equal(a, b) for a, b in zip(ours[6], theirs[6]))

@@ -223,11 +223,13 @@ def draft_greedy(target: Decoder, draft: Decoder, t_len: int, d_len: int, unseen
     return run.iterations(n), (lengths[0], lengths[1])
 
 
-def head_greedy(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None, fuse: Matrices, aux: list[int],
-                head_cache, head_cos: torch.Tensor, head_sin: torch.Tensor, t_len: int, committed: int, pairs: list[int],
-                pending: torch.Tensor, token: int, k: int, room: int, eos: set[int], seconds: float):
+def head_greedy(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None, fuse: Matrices | None,
+                aux: list[int], normed_state: bool, head_cache, head_cos: torch.Tensor, head_sin: torch.Tensor,
+                t_len: int, committed: int, pairs: list[int], pending: torch.Tensor, token: int, k: int, room: int,
+                eos: set[int], seconds: float):
     """Greedy speculative iterations of a one-layer drafting head (`layers`: its Layers with their Head)
-    over the target's states and the target, in one call (see speclite_head_greedy): ([per iteration
+    over the target's states (the inputs of layers `aux` through `fuse`, or without fuse its final
+    normed states) and the target, in one call (see speclite_head_greedy): ([per iteration
     (drafts offered, drafts stood, new tokens, draft s, verify s)], (the target's cache length, the
     head's committed entries), the pending states [T, H] after them)."""
     run, lengths, pending = _Run(room), (ctypes.c_int * 3)(), pending.contiguous()
@@ -235,8 +237,9 @@ def head_greedy(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None,
     (cache_k, cache_v), layer = head_cache, layers.layers[0]
     n = _library().speclite_head_greedy(
         ctypes.byref(target), ctypes.byref(layer), layers.head, None if vocab_map is None else vocab_map.data_ptr(),
-        ctypes.byref(fuse), *_ints(aux), cache_k.data_ptr(), cache_v.data_ptr(), head_cos.data_ptr(),
-        head_sin.data_ptr(), cache_k.shape[1], layer.head_dim ** -0.5, DTYPES[target.dtype], t_len, committed,
+        None if fuse is None else ctypes.byref(fuse), *_ints(aux), cache_k.data_ptr(), cache_v.data_ptr(),
+        head_cos.data_ptr(), head_sin.data_ptr(), cache_k.shape[1], layer.head_dim ** -0.5, normed_state,
+        DTYPES[target.dtype], t_len, committed,
         *_ints(pairs), pending.data_ptr(), token, k, room, *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs,
         out.data_ptr(), lengths, torch.get_num_threads())
     return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]]
@@ -279,7 +282,7 @@ SIGNATURES = {
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
     "speclite_head_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
-                             ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _P, _I, _P, _I, _I, _I,
+                             ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I,
                              _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
     "speclite_draft_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,
                                  _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],

@@ -472,22 +472,24 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
     return iterations;
 }
 
-// Greedy speculative iterations of a one-layer drafting head over the target's states (EAGLE-3) and
-// its target in one call and one team, as the decode loop runs them one by one. The head's cache
+// Greedy speculative iterations of a one-layer drafting head over the target's states (EAGLE-3, MTP)
+// and its target in one call and one team, as the decode loop runs them one by one. The head's cache
 // holds c committed entries; T pending pairs come next: states `pending` [T, Hh] (the head's inputs
 // for positions c..) and `pairs` (the token after each). An iteration: the head's chain (the pairs
 // at c.., then k - 1 steps; speclite_head_chain) drafts k tokens; the target reads `token` and the
 // drafts at t_len.., the inputs of its layers aux[0..n_aux) captured (aux = its layer count: the
 // last layer's output); drafts stand while they equal the argmax at the row before; the stood rows'
-// captured inputs, side by side in aux's order, through `fuse` (fc) are the next pending states,
-// paired with the new tokens (c advances past the pairs, t_len past the new tokens). k shrinks as
+// captured inputs, side by side in aux's order, through `fuse` (EAGLE-3's fc; null: the rows' final
+// normed states, MTP's) are the next pending states, paired with the new tokens (c advances past
+// the pairs, t_len past the new tokens); normed_state as in speclite_head_chain. k shrinks as
 // the loop's proposer shrinks it (room for the head's chain, `room` new tokens, one of them the
 // target's); the call stops where that leaves no draft, after an EOS, or once budget_ns have
 // passed. Out as speclite_parallel_greedy's; lengths = (t_len, c, T) after the last iteration and
 // pending_out [k + 1, Hh] its first T rows the pending states. Returns the number of iterations.
 int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *head, const int64_t *vocab_map,
                          const Matrices *fuse, const int *aux, int n_aux, void *head_k, void *head_v, const void *head_cos,
-                         const void *head_sin, int head_max_len, float head_scale, int dt, int t_len, int c,
+                         const void *head_sin, int head_max_len, float head_scale, int normed_state, int dt,
+                         int t_len, int c,
                          const int *pairs, int T, const void *pending, int token, int k, int room, const int *eos,
                          int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
                          int64_t *verify_ns, void *pending_out, int *lengths, int threads) {
@@ -495,11 +497,12 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
     const int64_t es = dt == F32 ? 4 : 2, trow = es * H;
     Model t{target->layers, L, target->head, layer_buffers, scratch, layer_states};
     t.reserve(k + 1, k + 1, dt);
-    ::reserve(scratch, *fuse, k + 1);
+    if (fuse) ::reserve(scratch, *fuse, k + 1);
     HeadChain hc{{&layer, 1, head, head_buffers, scratch, head_states}, target->embed, target->edt, vocab_map,
-                 head_k, head_v, head_cos, head_sin, head_max_len, 0, head_scale, 0};
+                 head_k, head_v, head_cos, head_sin, head_max_len, 0, head_scale, normed_state};
     hc.reserve(std::max(T, k + 1), dt);
     std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1)), joined(trow * n_aux * (k + 1));
+    std::vector<char> normt(fuse ? 0 : trow * (k + 1));  // without fuse: the final normed states are the head's
     std::vector<std::vector<char>> captured(L + 1);
     std::vector<void *> captures(L + 1, nullptr);
     for (int a = 0; a < n_aux; a++) {
@@ -532,7 +535,7 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
             t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captures.data(),
-                           target->caches_k, target->caches_v, kk + 1, nullptr, logt.data());
+                           target->caches_k, target->caches_v, kk + 1, fuse ? nullptr : normt.data(), logt.data());
             int n = 0;
             if (team::id() == 0) {
                 if (!captured[L].empty()) memcpy(captured[L].data(), outt.data(), trow * (kk + 1));
@@ -546,11 +549,12 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
                     for (int a = 0; a < n_aux; a++)
                         memcpy(joined.data() + trow * (n_aux * r + a), captured[aux[a]].data() + trow * r, trow);
                 }
+                if (!fuse) memcpy(hc.x.data(), normt.data(), trow * (n + 1));
                 c += T, T = n + 1, t_len += n + 1, token = best;
                 drafted[iterations] = kk, accepted[iterations] = n;
             }
             t.sc.barrier.wait(team::size());
-            matmul_team(*fuse, joined.data(), dt, T, hc.x.data(), t.sc);  // the next pending states
+            if (fuse) matmul_team(*fuse, joined.data(), dt, T, hc.x.data(), t.sc);  // the next pending states
             if (team::id() == 0) {
                 verify_ns[iterations++] = team::now_ns() - t1;
                 stop |= team::now_ns() - began >= budget_ns;

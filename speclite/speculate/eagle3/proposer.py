@@ -98,33 +98,37 @@ class Eagle3Proposer(Proposer):
 
     def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
         """On the CPU, target and head whole in the kernels and a chain asked for: the iterations in one
-        C call, the head's chain (its pending pairs first), the target's pass capturing the layers the
-        head reads, the acceptance and `fc` over the stood rows each time. [] where the pending rows
-        are not all pairs yet (the loop's own iteration sorts them out)."""
-        # The C loop makes the states as _states does here (fc over the captured layer inputs): not a
-        # subclass's own (MTP's final state), nor with a norm before fc.
-        if type(self)._states is not Eagle3Proposer._states or self.topk != 1:
-            return None
-        head, fc = self.head, self.head.model.fc
-        if head.model.input_norm is not None or hooked([fc, self.embed]):
-            return None
-        theirs = target.kernel_decoder(cache)
+        C call, the head's chain (its pending pairs first), the target's pass (capturing the layers an
+        EAGLE-3 head reads), the acceptance and the next states (fc over the stood rows' captures, or
+        MTP's final normed states) each time. [] where the pending rows are not all pairs yet, or the
+        pairs start at a position whose embedding the head zeroes (the loop's own iteration then)."""
+        head = self.head
+        theirs = None if self.topk != 1 or hooked([self.embed]) else target.kernel_decoder(cache)
         layers = None if theirs is None or self.pending is None else head.cpu_layers(self.pending)
-        fuse = None if layers is None else cpu_gemm.module_matrices(self.pending, [fc])
-        if fuse is None or theirs.dtype != self.pending.dtype or self.cache.layers[0][0].dtype != self.pending.dtype:
+        states = None if layers is None else self._kernel_states()
+        if states is None or theirs.dtype != self.pending.dtype or self.cache.layers[0][0].dtype != self.pending.dtype:
             return None
         c, t = self.committed, self.pending.shape[0]
-        if t != len(self.tokens) - 1 - c:
+        if t != len(self.tokens) - 1 - c or (c == 0 and head.zeroes_position_0):
             return []
         cos, sin = rope_rows(head, slice(0, self.cache.max_len), self.cache.max_len, self.pending.dtype, self.pending.device)
         run, (cache.length, self.committed), self.pending = cpu_layer_ops.head_greedy(
-            theirs, layers, head.target_ids, fuse, list(head.aux_layers), self.cache.layers[0], cos, sin, cache.length, c,
+            theirs, layers, head.target_ids, *states, head.normed_state, self.cache.layers[0], cos, sin, cache.length, c,
             self.tokens[c + 1 :], self.pending, token, min(k, self.steps or k), room, eos, seconds)
         self.cache.length = self.committed
         run = [Iteration(*iteration) for iteration in run]
         for iteration in run:
             self.tokens.extend(iteration.tokens)
         return run
+
+    def _kernel_states(self) -> tuple | None:
+        """How greedy_run's C loop makes the head's states as _states does: (fc's matrices, the target
+        layers whose inputs it reads); None where the kernels cannot (a norm before fc, a hook)."""
+        fc = self.head.model.fc
+        if self.head.model.input_norm is not None or hooked([fc]):
+            return None
+        fuse = cpu_gemm.module_matrices(self.pending, [fc])
+        return None if fuse is None else (fuse, list(self.head.aux_layers))
 
     def _step(self, tokens: list[int] | torch.Tensor, hidden: torch.Tensor, positions: list[int] | torch.Tensor,
               mask=None):
