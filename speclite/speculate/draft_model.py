@@ -65,6 +65,11 @@ class DraftModelProposer(Proposer):
         common = shared_prefix(self.tokens[: self.cache.length], prompt_ids)
         self.cache.rollback(common)
         self.tokens = list(prompt_ids)
+        # The prompt's prefill here, as the target's: not in the first proposal's time, which the k
+        # schedule reads as the cost of drafting (`auto` fell to k = 0 for whole requests).
+        if self.cache.length < len(prompt_ids) - 1:
+            with torch.inference_mode():
+                self.model(torch.tensor(prompt_ids[self.cache.length : -1], device=ctx.device), self.cache, num_logits=1)
 
     def _next_logits(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, device=self.ctx.device)
