@@ -125,7 +125,7 @@ class Layers:
 
 
 class Decoder(ctypes.Structure):
-    """A whole model for the C loops that run several of its forwards in one call (draft_greedy):
+    """A whole model for the C calls that run several of its forwards (greedy_chain, draft_greedy, head_greedy):
     its Layers (with their Head), embedding table, KV cache and the RoPE rows of every cache
     position. Mirrors struct Decoder in kernels.cpp."""
 
@@ -239,9 +239,8 @@ def head_greedy(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None,
         ctypes.byref(target), ctypes.byref(layer), layers.head, None if vocab_map is None else vocab_map.data_ptr(),
         None if fuse is None else ctypes.byref(fuse), *_ints(aux), cache_k.data_ptr(), cache_v.data_ptr(),
         head_cos.data_ptr(), head_sin.data_ptr(), cache_k.shape[1], layer.head_dim ** -0.5, normed_state,
-        DTYPES[target.dtype], t_len, committed,
-        *_ints(pairs), pending.data_ptr(), token, k, room, *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs,
-        out.data_ptr(), lengths, torch.get_num_threads())
+        DTYPES[target.dtype], t_len, committed, *_ints(pairs), pending.data_ptr(), token, k, room, *_ints(sorted(eos)),
+        int(seconds * 1e9), *run.outputs, out.data_ptr(), lengths, torch.get_num_threads())
     return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]]
 
 
@@ -281,11 +280,11 @@ SIGNATURES = {
                               ctypes.POINTER(ctypes.c_int), _I],
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
+    "speclite_draft_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,
+                              _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
     "speclite_head_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
                              ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I,
                              _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
-    "speclite_draft_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,
-                                 _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
 }
 
 

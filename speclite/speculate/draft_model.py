@@ -6,8 +6,8 @@ import torch
 
 from speclite.kernels import cpu_layer_ops
 from speclite.model import Transformer
-from speclite.sampling import row_argmaxes, sample, uniform, warp
 from speclite.model.kv_cache import shared_prefix
+from speclite.sampling import row_argmaxes, sample, uniform, warp
 from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.registry import Method, register
 

@@ -211,7 +211,7 @@ struct Decoder {
     int max_len;
     float scale;
 
-    // A causal forward of M rows at cache position start, with logits of the last R rows.
+    // The shape of a causal forward of M rows at cache position start.
     Step step(int dt, int M, int start) const {
         const int64_t rope = (int64_t)layers[0]->head_dim * start;
         return Step{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, start, start + M, scale};

@@ -103,7 +103,7 @@ class Eagle3Proposer(Proposer):
         MTP's final normed states) each time. [] where the pending rows are not all pairs yet, or the
         pairs start at a position whose embedding the head zeroes (the loop's own iteration then)."""
         head = self.head
-        theirs = None if self.topk != 1 or hooked([self.embed]) else target.kernel_decoder(cache)
+        theirs = None if self.topk != 1 else target.kernel_decoder(cache)  # (the embedding is the target's)
         layers = None if theirs is None or self.pending is None else head.cpu_layers(self.pending)
         states = None if layers is None else self._kernel_states()
         if states is None or theirs.dtype != self.pending.dtype or self.cache.layers[0][0].dtype != self.pending.dtype:
