@@ -170,6 +170,53 @@ def decode_all(target, prompt: list[int], params, spec=None, cache_len: int = 64
         return [t for chunk in run for t in chunk], run.stats
 
 
+RUN_STATS = ("iter_count", "proposed", "accepted", "proposed_at", "accepted_at", "output_len")
+
+
+def same(a, b) -> bool:
+    """Equal, tensors bit for bit, lists and tuples element by element."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def greedy_runs_match(run, proposer_class, kernel: str, monkeypatch, max_new: int, where) -> bool:
+    """A proposer's greedy_run (iterations many per call of cpu_layer_ops.<kernel>) against the loop's
+    iterations one by one (greedy_run declined on `proposer_class`): run(eos, max_new) -> (tokens,
+    stats, *state). For no EOS, an EOS as late as the output allows, and a room of 13 tokens: the
+    same tokens (as many as asked for), the same iterations, the same state. Returns whether the EOS
+    case ran in C (where the first iteration, run in Python, holds the EOS, it does not)."""
+    from speclite.kernels import cpu_layer_ops
+
+    calls, real = [], getattr(cpu_layer_ops, kernel)
+
+    def counting(*args):
+        out = real(*args)
+        calls.append(len(out[0]))  # the call's iterations
+        return out
+
+    plain_out = run(set(), max_new)[0]
+    end = max(i for i, t in enumerate(plain_out) if plain_out.index(t) == i)  # a late first occurrence
+    eos_in_c = False
+    for eos, room, length in ((set(), max_new, max_new), ({plain_out[end]}, max_new, end + 1), (set(), 13, 13)):
+        with monkeypatch.context() as m:
+            m.setattr(cpu_layer_ops, kernel, counting)
+            ours = run(eos, room)
+        assert sum(calls) > 1 or eos, where  # iterations ran in C
+        eos_in_c |= bool(eos) and sum(calls) > 0
+        calls.clear()
+        with monkeypatch.context() as m:
+            m.setattr(proposer_class, "greedy_run", lambda *a: None)
+            theirs = run(eos, room)
+        assert ours[0] == theirs[0] and len(ours[0]) == length, (where, eos)
+        for field in RUN_STATS:
+            assert getattr(ours[1], field) == getattr(theirs[1], field), (where, eos, field)
+        assert same(ours[2:], theirs[2:]), (where, eos)
+    return eos_in_c
+
+
 @pytest.fixture(params=cpu_build.runnable() or ["none"])
 def isa(request):
     """Each CPU kernel ISA path this machine can run (on an AVX-512 machine: AVX-512, and the AVX2

@@ -6,10 +6,9 @@ import random
 import pytest
 import torch
 
-from conftest import cli_generate, save_model, decode_all
+from conftest import cli_generate, decode_all, greedy_runs_match, save_model
 from eagle3_heads import save_head
 from speclite.engine.loop import Request, Speculation, decode
-from speclite.kernels import cpu_layer_ops
 from speclite.model import load_model
 from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
@@ -91,37 +90,14 @@ def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, tmp_path, 
     target = load_model(tmp_path, "cpu", torch.float32)
     if quant:
         target = quantize_model(target, quant, group_size=32)
-    calls = []
-    spy = cpu_layer_ops.head_greedy
-
-    def counting(*args):
-        out = spy(*args)
-        calls.append(len(out[0]))
-        return out
-
-    monkeypatch.setattr(cpu_layer_ops, "head_greedy", counting)
-    eos_in_a_run = 0
+    eos_in_c = 0
     for layout in ("specforge", "speculators"):
         for k in range(1, 9):
             spec = Speculation(proposer(target, heads / layout, quant), SpecLength(k))
             prompt = PROMPTS[k % len(PROMPTS)]
-            plain_out = run_loop(target, spec, prompt, set(), 48)[0]
-            end = max(i for i, t in enumerate(plain_out) if plain_out.index(t) == i)  # a late first occurrence
-            for eos, max_new, length in ((set(), 48, 48), ({plain_out[end]}, 48, end + 1), (set(), 13, 13)):
-                calls.clear()
-                ours = run_loop(target, spec, prompt, eos, max_new)
-                assert sum(calls) > 1 or eos, (layout, k)  # iterations ran in C
-                eos_in_a_run += bool(eos) and sum(calls) > 0
-                with monkeypatch.context() as m:
-                    m.setattr(Eagle3Proposer, "greedy_run", lambda *a: None)
-                    theirs = run_loop(target, spec, prompt, eos, max_new)
-                assert ours[0] == theirs[0] and len(ours[0]) == length, (layout, k, eos)
-                for field in ("iter_count", "proposed", "accepted", "proposed_at", "accepted_at", "output_len"):
-                    assert getattr(ours[1], field) == getattr(theirs[1], field), (layout, k, eos, field)
-                assert ours[2:5] == theirs[2:5], (layout, k, eos)
-                assert torch.equal(ours[5], theirs[5])
-                assert all(torch.equal(a, b) for a, b in zip(ours[6], theirs[6]))
-    assert eos_in_a_run >= 3
+            eos_in_c += greedy_runs_match(lambda eos, room: run_loop(target, spec, prompt, eos, room), Eagle3Proposer,
+                                          "head_greedy", monkeypatch, 48, (layout, k))
+    assert eos_in_c >= 3
 
 
 def test_greedy_run_declines_trees_and_hooks(target, heads):

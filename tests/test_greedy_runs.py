@@ -4,13 +4,13 @@ same iterations and the same caches and proposer state as the loop's iterations 
 the loop's own iterations where the models are not whole in the kernels."""
 
 import pytest
-import torch
 
 from speclite import LLM, SamplingParams
 from speclite.engine.loop import Request, Speculation, decode
-from speclite.kernels import cpu_build, cpu_layer_ops
+from speclite.kernels import cpu_build
 from speclite.speculate.draft_model import DraftModelProposer
 from speclite.speculate.schedule import SpecLength
+from conftest import greedy_runs_match
 from test_pard import GREEDY, PROMPTS, pard  # noqa: F401  (the pair's draft with a mask token named)
 
 
@@ -38,37 +38,13 @@ def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, pard, meth
     and the proposer left in the same state; also where an EOS in a call's middle iteration ends the
     request, and where the room for new tokens ends a call."""
     target, draft, _ = pard
-    calls = []
-    spy = cpu_layer_ops.draft_greedy
-
-    def counting(*args):
-        run, lengths = spy(*args)
-        calls.append(len(run))
-        return run, lengths
-
-    monkeypatch.setattr(cpu_layer_ops, "draft_greedy", counting)
-    eos_in_a_run = 0
+    eos_in_c = 0
     for k in range(1, 9):
         llm = spec_llm(target, draft, method, k, quant)
         for prompt in PROMPTS[k % 3 :: 3]:
-            plain_out = run_loop(llm, prompt, k, set(), 40)[0]
-            # An EOS as late as the output allows (the first iteration runs in Python; often this one does not).
-            end = max(i for i, t in enumerate(plain_out) if plain_out.index(t) == i)
-            for eos, max_new, length in ((set(), 40, 40), ({plain_out[end]}, 40, end + 1), (set(), 13, 13)):
-                calls.clear()
-                ours = run_loop(llm, prompt, k, eos, max_new)
-                assert sum(calls) > 1 or eos, (k, prompt)  # iterations ran in C
-                eos_in_a_run += bool(eos) and sum(calls) > 0
-                with monkeypatch.context() as m:
-                    m.setattr(DraftModelProposer, "greedy_run", lambda *a: None)
-                    theirs = run_loop(llm, prompt, k, eos, max_new)
-                assert ours[0] == theirs[0] and len(ours[0]) == length, (k, prompt, eos)
-                for field in ("iter_count", "proposed", "accepted", "proposed_at", "accepted_at", "output_len"):
-                    assert getattr(ours[1], field) == getattr(theirs[1], field), (k, prompt, eos, field)
-                assert ours[2:5] == theirs[2:5], (k, prompt, eos)
-                for (ka, va), (kb, vb) in zip(ours[5], theirs[5]):
-                    assert torch.equal(ka, kb) and torch.equal(va, vb)
-    assert eos_in_a_run >= 3
+            eos_in_c += greedy_runs_match(lambda eos, room: run_loop(llm, prompt, k, eos, room), DraftModelProposer,
+                                          "draft_greedy", monkeypatch, 40, (k, prompt))
+    assert eos_in_c >= 3
 
 
 @pytest.mark.parametrize("method", ["vanilla", "pard"])

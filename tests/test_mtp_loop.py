@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from conftest import cli_generate, save_model, decode_all
+from conftest import cli_generate, decode_all, greedy_runs_match, save_model
 from mtp_modules import add_module, save_separate
 from speclite.engine.loop import Speculation
 from speclite.model import load_model
@@ -154,28 +154,11 @@ def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, dirs, targ
     [state, embedding] order, the target's lm_head where the module has none): the same tokens and
     iterations, the target's cache, the module's committed cache rows and pending states as the
     loop's iterations one by one, also with an EOS and with the room ending a call."""
-    from speclite.kernels import cpu_layer_ops
     from test_eagle3_loop import run_loop
 
     target = load_model(dirs / target_name, "cpu", torch.float32)
-    calls = []
-    real = cpu_layer_ops.head_greedy
-    monkeypatch.setattr(cpu_layer_ops, "head_greedy", lambda *a: calls.append(1) or real(*a))
     for k in (1, 3, 4, 8):
         spec = Speculation(proposer(target, dirs / module if module else None, max_len=96), SpecLength(k))
         for prompt in PROMPTS[:3]:
-            plain_out = run_loop(target, spec, prompt, set(), 48)[0]
-            end = max(i for i, t in enumerate(plain_out) if plain_out.index(t) == i)
-            for eos, max_new, length in ((set(), 48, 48), ({plain_out[end]}, 48, end + 1), (set(), 13, 13)):
-                calls.clear()
-                ours = run_loop(target, spec, prompt, eos, max_new)
-                assert calls or eos, (k, prompt)  # iterations ran in C
-                with monkeypatch.context() as m:
-                    m.setattr(MTPProposer, "greedy_run", lambda *a: None)
-                    theirs = run_loop(target, spec, prompt, eos, max_new)
-                assert ours[0] == theirs[0] and len(ours[0]) == length, (k, eos)
-                for field in ("iter_count", "proposed", "accepted", "proposed_at", "accepted_at", "output_len"):
-                    assert getattr(ours[1], field) == getattr(theirs[1], field), (k, eos, field)
-                assert ours[2:5] == theirs[2:5], (k, eos)
-                assert torch.equal(ours[5], theirs[5])
-                assert all(torch.equal(a, b) for a, b in zip(ours[6], theirs[6]))
+            greedy_runs_match(lambda eos, room: run_loop(target, spec, prompt, eos, room), MTPProposer, "head_greedy",
+                              monkeypatch, 48, (k, prompt))
