@@ -271,6 +271,40 @@ struct HeadChain {
     }
 };
 
+// What a call of greedy speculative iterations hands back (cpu_layer_ops._Run), kept by thread 0: the
+// new tokens in order, per iteration the drafts offered and stood and the ns spent drafting and
+// verifying; and whether the call is to stop: an EOS among the new tokens, or its time spent.
+struct Iterations {
+    int *tokens, *drafted, *accepted;
+    int64_t *draft_ns, *verify_ns;
+    const int *eos;
+    int n_eos;
+    int64_t until;  // the call's time budget ends (team::now_ns)
+    int count = 0, produced = 0;
+    bool stop = false;
+
+    // The target's verdict on kk drafts from its logits [kk + 1, V]: they stand while each equals the
+    // argmax of the row before. Returns how many stood; best: the target's token after them.
+    static int stood(const void *logits, int dt, int V, const int *drafts, int kk, int &best) {
+        const int64_t row = (int64_t)V * (dt == F32 ? 4 : 2);
+        int n = 0;
+        best = argmax(logits, dt, V);
+        while (n < kk && drafts[n] == best) best = argmax((const char *)logits + row * ++n, dt, V);
+        return n;
+    }
+
+    // An iteration of kk drafts whose new tokens are drafts[0..n) and best.
+    void record(const int *drafts, int kk, int n, int best, int64_t draft, int64_t verify) {
+        for (int i = 0; i <= n; i++) {
+            tokens[produced] = i < n ? drafts[i] : best;
+            for (int j = 0; j < n_eos; j++) stop |= tokens[produced] == eos[j];
+            produced++;
+        }
+        drafted[count] = kk, accepted[count] = n, draft_ns[count] = draft, verify_ns[count++] = verify;
+        stop |= team::now_ns() >= until;
+    }
+};
+
 }  // namespace
 
 extern "C" {
@@ -407,13 +441,13 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
     std::vector<char> xd(es * Hd * first_rows), outd(es * Hd * first_rows), logd(es * Vrow * k);
     std::vector<int> fed(unseen, unseen + n_unseen), drafts(k);
     std::vector<void *> no_t(target->n + 1, nullptr), no_d(draft->n + 1, nullptr);
-    const int64_t began = team::now_ns();
-    int iterations = 0, produced = 0, kk = 0;  // kk: this iteration's drafts (0: stop), thread 0's to decide
-    bool stop = false;
+    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
+    int kk = 0;  // this iteration's drafts (0: stop), thread 0's to decide
+    int64_t draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration: its k and the draft's rows
-        const int r = std::min(room - produced, target->max_len - t_len);
+        const int r = std::min(room - out.produced, target->max_len - t_len);
         kk = std::min({k, r - 1, draft->max_len - (d_len + (int)fed.size()) + 1});
-        if (stop || kk < 1) {
+        if (out.stop || kk < 1) {
             kk = 0;
             return;
         }
@@ -441,35 +475,28 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
             if (team::id() == 0) {
                 embed_row(xt.data(), dt, target->embed, target->edt, token, H);
                 for (int i = 0; i < kk; i++) embed_row(xt.data() + es * H * (i + 1), dt, target->embed, target->edt, drafts[i], H);
-                draft_ns[iterations] = team::now_ns() - t0;
+                draft_time = team::now_ns() - t0;
             }
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
             t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), no_t.data(), target->caches_k,
                            target->caches_v, kk + 1, nullptr, logt.data());
             if (team::id() == 0) {
-                int n = 0, best = argmax(logt.data(), dt, V);
-                while (n < kk && drafts[n] == best) best = argmax(logt.data() + es * V * ++n, dt, V);
+                int best;
+                const int n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
                 const int kept = parallel ? 0 : std::min(n, kk - 1);  // fed drafts that stood
                 d_len += (int)fed.size() + kept;
                 fed.assign(drafts.begin() + kept, drafts.begin() + n);
                 fed.push_back(best);
-                for (int i = 0; i <= n; i++) {
-                    const int tok = i < n ? drafts[i] : best;
-                    tokens[produced++] = tok;
-                    for (int j = 0; j < n_eos; j++) stop |= tok == eos[j];
-                }
                 t_len += n + 1, token = best;
-                drafted[iterations] = kk, accepted[iterations] = n;
-                verify_ns[iterations++] = team::now_ns() - t1;
-                stop |= team::now_ns() - began >= budget_ns;
+                out.record(drafts.data(), kk, n, best, draft_time, team::now_ns() - t1);
                 decide();
             }
             t.sc.barrier.wait(team::size());
         }
     });
     lengths[0] = t_len, lengths[1] = d_len;
-    return iterations;
+    return out.count;
 }
 
 // Greedy speculative iterations of a one-layer drafting head over the target's states (EAGLE-3, MTP)
@@ -513,13 +540,13 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
     memcpy(hc.x.data(), pending, hc.row * T);
     for (int m = 0; m < T; m++) embed_row(hc.e.data() + hc.row * m, dt, target->embed, target->edt, pairs[m], hc.H);
     std::vector<int> drafts(k);
-    const int64_t began = team::now_ns();
-    int iterations = 0, produced = 0, kk = 0;
-    bool stop = false;
+    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
+    int kk = 0, n = 0, best = 0;  // this iteration's drafts (0: stop) and verdict, thread 0's
+    int64_t draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration
-        const int r = std::min(room - produced, target->max_len - t_len);
+        const int r = std::min(room - out.produced, target->max_len - t_len);
         kk = std::min({k, r - 1, head_max_len - c - T});
-        if (stop || kk < 1) kk = 0;
+        if (out.stop || kk < 1) kk = 0;
     };
     team::run(threads, [&] {
         if (team::id() == 0) decide();
@@ -530,34 +557,27 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
             if (team::id() == 0) {
                 embed_row(xt.data(), dt, target->embed, target->edt, token, H);
                 for (int i = 0; i < kk; i++) embed_row(xt.data() + trow * (i + 1), dt, target->embed, target->edt, drafts[i], H);
-                draft_ns[iterations] = team::now_ns() - t0;
+                draft_time = team::now_ns() - t0;
             }
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
             t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captures.data(),
                            target->caches_k, target->caches_v, kk + 1, fuse ? nullptr : normt.data(), logt.data());
-            int n = 0;
             if (team::id() == 0) {
                 if (!captured[L].empty()) memcpy(captured[L].data(), outt.data(), trow * (kk + 1));
-                int best = argmax(logt.data(), dt, V);
-                while (n < kk && drafts[n] == best) best = argmax(logt.data() + es * V * ++n, dt, V);
+                n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
                 for (int r = 0; r <= n; r++) {
-                    const int tok = r < n ? drafts[r] : best;
-                    tokens[produced++] = tok;
-                    for (int j = 0; j < n_eos; j++) stop |= tok == eos[j];
-                    embed_row(hc.e.data() + hc.row * r, dt, target->embed, target->edt, tok, hc.H);
+                    embed_row(hc.e.data() + hc.row * r, dt, target->embed, target->edt, r < n ? drafts[r] : best, hc.H);
                     for (int a = 0; a < n_aux; a++)
                         memcpy(joined.data() + trow * (n_aux * r + a), captured[aux[a]].data() + trow * r, trow);
                 }
                 if (!fuse) memcpy(hc.x.data(), normt.data(), trow * (n + 1));
                 c += T, T = n + 1, t_len += n + 1, token = best;
-                drafted[iterations] = kk, accepted[iterations] = n;
             }
             t.sc.barrier.wait(team::size());
             if (fuse) matmul_team(*fuse, joined.data(), dt, T, hc.x.data(), t.sc);  // the next pending states
             if (team::id() == 0) {
-                verify_ns[iterations++] = team::now_ns() - t1;
-                stop |= team::now_ns() - began >= budget_ns;
+                out.record(drafts.data(), kk, n, best, draft_time, team::now_ns() - t1);
                 decide();
             }
             t.sc.barrier.wait(team::size());
@@ -565,7 +585,7 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
     });
     memcpy(pending_out, hc.x.data(), hc.row * T);
     lengths[0] = t_len, lengths[1] = c, lengths[2] = T;
-    return iterations;
+    return out.count;
 }
 
 }  // extern "C"
