@@ -142,3 +142,31 @@ def test_attention_rows_are_independent_and_unseen_keys_change_nothing(isa, d):
     for i in range(t):  # one token at a time, as plain decoding runs
         alone = cpu_layer_ops.attention(qkv[i:i + 1], cos[i:i + 1], sin[i:i + 1], k, v, 4, 2, start + i, start + i + 1, None)
         assert torch.equal(alone[0], batch[i]), i
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 80, 8, 136])  # whole 16-value chunks, a tail of one, less than one, past 128
+@pytest.mark.parametrize("visibility", ["causal", "tree", "window"])
+def test_attention_over_a_long_cache_equals_float64_math_row_by_row(isa, dtype, d, visibility):
+    # Many blocks of cache slots, three query heads a KV head (pairs of queries and one alone share a
+    # block's loads), rows that see the whole prefix, and rows that do not ("window": each row's
+    # oldest keys hidden, a different number a row, so a block is whole for some rows only).
+    heads, kv_heads, start, t = 6, 2, 150, 5
+    qkv, cos, sin, cache_k, cache_v = case(dtype, t, start, heads, kv_heads, d, max_len=200, seed=d + t)
+    end = start + t
+    mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+    if visibility == "tree":
+        new = torch.tril(torch.ones(t, t, dtype=torch.bool)) & ((torch.arange(t)[:, None] - torch.arange(t)[None, :]) % 2 == 0)
+        mask = torch.cat([torch.ones(t, start, dtype=torch.bool), new], dim=1)
+    if visibility == "window":
+        mask &= torch.arange(end)[None, :] >= torch.tensor([3, 40, 0, 71, 17])[:, None]
+    ref, _, _ = attention_reference(qkv, cos, sin, cache_k, cache_v, heads, kv_heads, start, mask)
+    rows = None if visibility == "causal" else mask
+    k, v = cache_k.clone(), cache_v.clone()
+    out = cpu_layer_ops.attention(qkv, cos, sin, k, v, heads, kv_heads, start, end, rows)
+    assert rel_err(out, ref) < (2e-5 if dtype == torch.float32 else 2e-2)
+    for i in range(t):  # each row alone (its own mask row, the batch's keys in the cache) gives its numbers bit for bit
+        alone = cpu_layer_ops.attention(qkv[i:i + 1], cos[i:i + 1], sin[i:i + 1], k, v, heads, kv_heads, start + i,
+                                        start + i + 1 if rows is None else end, None if rows is None else mask[i:i + 1])
+        assert torch.equal(alone[0], out[i]), i

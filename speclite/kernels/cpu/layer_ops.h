@@ -91,6 +91,279 @@ inline void weighted_rows(const float *w, int n, const void *p, int64_t off, int
 }
 
 
+#if defined(__AVX512F__)
+// ---- AVX-512 attention: a KV head's queries together, the cache in blocks ------------------------
+//
+// A pass takes up to PASS_QUERIES queries (row, head) of one KV head and walks the cache in blocks of
+// slots: a block's keys, then its values, come from memory once for the whole pass, and the queries
+// that see the whole block take it two at a time, each load feeding both. One query at a time over
+// the whole cache was bound by reading it: 6.9 ns a query and key at d = 64 and 450 keys on the AMX
+// Xeon, 3.9 ns this way with ten rows, 5.1 with one (benchmarks/RESULTS.md, 2026-11-25).
+// A query's numbers depend on its own visible keys alone: each score a dot product of 16-lane partial
+// sums reduced as _mm512_reduce_add_ps reduces one vector (16 keys' reductions sharing their
+// shuffles); the exponentials 16 at a time in the keys' order; the weighted values of a block's
+// visible keys dealt round-robin to S sets of accumulators (independent sums for both FMA ports; in
+// memory between blocks, exactly), the sets added in order at the end. So a row alone equals that
+// row in a batch, and keys a row does not see cost nothing and change nothing: a chain's rows equal
+// a tree's with the same visible keys, and the static path's (the whole cache under a mask) too.
+constexpr int PASS_QUERIES = 16, SCORE_BLOCK = 16, VALUE_BLOCK = 64;
+
+// Values i..i+15 of a dtype-DT array widened to fp32, lanes outside `live` zero.
+template <int DT>
+inline __attribute__((always_inline)) __m512 load16(const void *p, int64_t i, __mmask16 live) {
+    if (DT == F32) return _mm512_maskz_loadu_ps(live, (const float *)p + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(live, (const uint16_t *)p + i);
+    if (DT == F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int DT>
+inline __attribute__((always_inline)) __m512 load16(const void *p, int64_t i) {
+    if (DT == F32) return _mm512_loadu_ps((const float *)p + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (DT == F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// exp8's arithmetic on 16 lanes.
+inline __attribute__((always_inline)) __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+    const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
+}
+
+// The 16 sums of a[0..16) in one vector, lane r = a[r]'s lanes summed: halves, then quarters, then
+// pairs, then neighbours, as _mm512_reduce_add_ps folds one vector.
+inline __attribute__((always_inline)) __m512 reduce16(__m512 (&a)[16]) {
+    __m512 b[8], c[4], e[2];
+    for (int r = 0; r < 8; r++)  // b[r]: a[2r] (low 256 bits) and a[2r + 1] (high), 8 partial sums each
+        b[r] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * r], a[2 * r + 1], 0x44), _mm512_shuffle_f32x4(a[2 * r], a[2 * r + 1], 0xEE));
+    for (int r = 0; r < 4; r++)  // c[r]: a[4r..4r+3], one per 128 bits, 4 partial sums each
+        c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88), _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xDD));
+    for (int r = 0; r < 2; r++)  // e[r]: 128-bit lane l holds a[8r + l] and a[8r + 4 + l], 2 partial sums each
+        e[r] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * r], c[2 * r + 1], 0x44), _mm512_shuffle_ps(c[2 * r], c[2 * r + 1], 0xEE));
+    // lane 4l + g holds a[4g + l]: back into order
+    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+}
+
+inline __mmask16 first_lanes(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << std::max(n, 0)) - 1); }
+
+// The slots of [s0, s1) that row i sees (mask [t, L] of bytes, or causal from `start`) into slots;
+// their count.
+inline int visible(const uint8_t *mask, int L, int start, int i, int s0, int s1, int *slots) {
+    int m = 0;
+    if (mask) {
+        const uint8_t *row = mask + (int64_t)i * L;
+        for (int s = s0; s < s1; s++)
+            if (row[s]) slots[m++] = s;
+    } else {
+        for (int s = s0; s < std::min(s1, start + i + 1); s++) slots[m++] = s;
+    }
+    return m;
+}
+
+// One pass (see above) for C chunks of 16 values a head (the last one's lanes in mk[C - 1], fewer
+// than 16 where TAIL: full chunks load unmasked, ~1.2x faster), S sets.
+template <int DT, int C, bool TAIL>
+struct Pass {
+    static constexpr int S = C >= 8 ? 1 : 8 / C;
+    const void *cache_k, *cache_v;
+    int64_t base;  // the KV head's first cache row
+    int d;
+    float scale;
+    __mmask16 mk[C];
+
+    // Chunk c of the d values at p + i.
+    __m512 chunk(const void *p, int64_t i, int c) const {
+        return TAIL && c == C - 1 ? load16<DT>(p, i + 16 * c, mk[c]) : load16<DT>(p, i + 16 * c);
+    }
+
+    // For QG queries q[0..QG) at once (the keys' loads shared): out[g][0..m) = scale * q[g] . key for
+    // the keys at slots[0..m). 16 / QG keys a reduction.
+    template <int QG>
+    void score(const float *const *q, const int *slots, int m, float *const *out) const {
+        constexpr int KG = 16 / QG;
+        __m512 qv[QG][C];
+        for (int g = 0; g < QG; g++)
+            for (int c = 0; c < C; c++) qv[g][c] = _mm512_maskz_loadu_ps(mk[c], q[g] + 16 * c);
+        for (int k0 = 0; k0 < m; k0 += KG) {
+            __m512 a[16];  // a[g KG + r]: query g, key k0 + r (past m: key m - 1 again, dropped at the store)
+#pragma GCC unroll 16
+            for (int r = 0; r < KG; r++) {
+                const int64_t row = base + (int64_t)slots[std::min(k0 + r, m - 1)] * d;
+                __m512 s[QG];
+                for (int c = 0; c < C; c++) {
+                    const __m512 kv = chunk(cache_k, row, c);
+                    for (int g = 0; g < QG; g++) s[g] = c == 0 ? _mm512_mul_ps(qv[g][0], kv) : _mm512_fmadd_ps(qv[g][c], kv, s[g]);
+                }
+                for (int g = 0; g < QG; g++) a[g * KG + r] = s[g];
+            }
+            const __m512 v = _mm512_mul_ps(reduce16(a), _mm512_set1_ps(scale));
+            const __mmask16 live = first_lanes(std::min(KG, m - k0));
+            for (int g = 0; g < QG; g++) _mm512_mask_compressstoreu_ps(out[g] + k0, (__mmask16)(live << (g * KG)), v);
+        }
+    }
+
+    // For QG queries at once (the values' loads shared): acc[g] (S sets of d values) += w[g][r] * the
+    // values at slots[r], r < m, the r-th into set r % S.
+    template <int QG>
+    void weigh(const float *const *w, const int *slots, int m, float *const *acc) const {
+        __m512 a[QG][S][C];
+        for (int g = 0; g < QG; g++)
+            for (int s = 0; s < S; s++)
+                for (int c = 0; c < C; c++) a[g][s][c] = _mm512_maskz_loadu_ps(mk[c], acc[g] + s * d + 16 * c);
+        auto add = [&](int s, int r) __attribute__((always_inline)) {
+            __m512 wv[QG];
+            for (int g = 0; g < QG; g++) wv[g] = _mm512_set1_ps(w[g][r]);
+            const int64_t row = base + (int64_t)slots[r] * d;
+            for (int c = 0; c < C; c++) {
+                const __m512 vv = chunk(cache_v, row, c);
+                for (int g = 0; g < QG; g++) a[g][s][c] = _mm512_fmadd_ps(wv[g], vv, a[g][s][c]);
+            }
+        };
+        int r = 0;
+        for (; r + S <= m; r += S)
+            for (int s = 0; s < S; s++) add(s, r + s);
+        for (int s = 0; s < S; s++)  // s a constant: a runtime index would put the sums in memory
+            if (r + s < m) add(s, r + s);
+        for (int g = 0; g < QG; g++)
+            for (int s = 0; s < S; s++)
+                for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(acc[g] + s * d + 16 * c, mk[c], a[g][s][c]);
+    }
+
+    // Walks the cache in blocks of `block` slots: queries that see a whole block take it two at a time
+    // (pair: the pair's query numbers and the block's slots), the others one at a time over the slots
+    // they see (one: the query's number, its slots and their count); n[qi] counts query qi's keys so far.
+    template <class Pair, class One>
+    static void blocks(const int *rows, int nq, const uint8_t *mask, int L, int start, int block, int *n, Pair pair, One one) {
+        int slots[VALUE_BLOCK], all[VALUE_BLOCK], whole[PASS_QUERIES];
+        for (int s0 = 0; s0 < L; s0 += block) {
+            const int s1 = std::min(L, s0 + block);
+            for (int s = s0; s < s1; s++) all[s - s0] = s;
+            int nw = 0;
+            for (int qi = 0; qi < nq; qi++) {
+                const bool sees_all = mask ? memchr(mask + (int64_t)rows[qi] * L + s0, 0, s1 - s0) == nullptr : start + rows[qi] + 1 >= s1;
+                if (sees_all) {
+                    whole[nw++] = qi;
+                } else {
+                    const int m = visible(mask, L, start, rows[qi], s0, s1, slots);
+                    if (m) one(qi, slots, m);
+                    n[qi] += m;
+                }
+            }
+            for (int w = 0; w < nw; w += 2) {
+                if (w + 1 < nw)
+                    pair(whole[w], whole[w + 1], all, s1 - s0);
+                else
+                    one(whole[w], all, s1 - s0);
+                n[whole[w]] += s1 - s0;
+                if (w + 1 < nw) n[whole[w + 1]] += s1 - s0;
+            }
+        }
+    }
+
+    // The queries q[0..nq) (d fp32 values each, of rows rows[0..nq)) over cache keys 0..L-1; out[qi]
+    // (d values) = their attention. scores: nq rows of `ld` floats (ld >= L); acc: nq rows of S * d.
+    void run(const float *q, const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
+             float *acc, float *out) const {
+        int n[PASS_QUERIES] = {};
+        auto qrow = [&](int qi) { return q + (int64_t)qi * d; };
+        auto srow = [&](int qi) { return scores + (int64_t)qi * ld; };
+        auto arow = [&](int qi) { return acc + (int64_t)qi * S * d; };
+        blocks(
+            rows, nq, mask, L, start, SCORE_BLOCK, n,
+            [&](int a, int b, const int *slots, int m) {
+                const float *qs[2] = {qrow(a), qrow(b)};
+                float *outs[2] = {srow(a) + n[a], srow(b) + n[b]};
+                score<2>(qs, slots, m, outs);
+            },
+            [&](int a, const int *slots, int m) {
+                const float *qs[1] = {qrow(a)};
+                float *outs[1] = {srow(a) + n[a]};
+                score<1>(qs, slots, m, outs);
+            });
+        float total[PASS_QUERIES];
+        for (int qi = 0; qi < nq; qi++) {
+            float *sc = srow(qi);
+            __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+            for (int j0 = 0; j0 < n[qi]; j0 += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(top, first_lanes(n[qi] - j0), sc + j0));
+            const __m512 best = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+            for (int j0 = 0; j0 < n[qi]; j0 += 16) {
+                const __mmask16 live = first_lanes(n[qi] - j0);
+                const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sc + j0), best)));
+                _mm512_mask_storeu_ps(sc + j0, live, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            total[qi] = _mm512_reduce_add_ps(sum);
+            std::fill(arow(qi), arow(qi) + S * d, 0.f);
+            n[qi] = 0;
+        }
+        blocks(
+            rows, nq, mask, L, start, VALUE_BLOCK, n,
+            [&](int a, int b, const int *slots, int m) {
+                const float *ws[2] = {srow(a) + n[a], srow(b) + n[b]};
+                float *accs[2] = {arow(a), arow(b)};
+                weigh<2>(ws, slots, m, accs);
+            },
+            [&](int a, const int *slots, int m) {
+                const float *ws[1] = {srow(a) + n[a]};
+                float *accs[1] = {arow(a)};
+                weigh<1>(ws, slots, m, accs);
+            });
+        for (int qi = 0; qi < nq; qi++) {
+            const float *a = arow(qi), inv = 1.f / total[qi];
+            for (int e = 0; e < d; e++) {
+                float v = a[e];
+                for (int s = 1; s < S; s++) v += a[s * d + e];
+                out[(int64_t)qi * d + e] = v * inv;
+            }
+        }
+    }
+};
+
+template <int DT, int C>
+inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, int d, float scale, const float *q,
+                        const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
+                        float *acc, float *out) {
+    auto run = [&](auto pass) {
+        for (int c = 0; c < C; c++) pass.mk[c] = first_lanes(d - 16 * c);
+        pass.run(q, rows, nq, mask, L, start, scores, ld, acc, out);
+    };
+    if (d == 16 * C)
+        run(Pass<DT, C, false>{cache_k, cache_v, base, d, scale, {}});
+    else
+        run(Pass<DT, C, true>{cache_k, cache_v, base, d, scale, {}});
+}
+
+// attend_pass for the run-time dtype and head size (C: d / 16 rounded up, to 8; 16 past 128).
+template <int DT>
+inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, int d, float scale, const float *q,
+                        const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
+                        float *acc, float *out) {
+    switch ((d + 15) / 16) {
+#define SPECLITE_PASS(C) attend_pass<DT, C>(cache_k, cache_v, base, d, scale, q, rows, nq, mask, L, start, scores, ld, acc, out); break
+        case 1: SPECLITE_PASS(1);
+        case 2: SPECLITE_PASS(2);
+        case 3: SPECLITE_PASS(3);
+        case 4: SPECLITE_PASS(4);
+        case 5: SPECLITE_PASS(5);
+        case 6: SPECLITE_PASS(6);
+        case 7: SPECLITE_PASS(7);
+        case 8: SPECLITE_PASS(8);
+        default: SPECLITE_PASS(16);
+#undef SPECLITE_PASS
+    }
+}
+#endif
+
 // y = weight * round(x / sqrt(mean(x^2) + eps)) for row m of x [M, H], as the model's RMSNorm
 // (normalise in fp32, round to the dtype, scale in the dtype).
 inline void rms_norm_row(const void *x, const void *weight, void *y, int dt, int64_t m, int H, float eps) {
@@ -185,6 +458,33 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
         for (int e = 0; e < d; e++) store(cache_v, dt, slot + e, to_float(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
     }
     bar.wait(team::size());  // the keys and values are in the cache
+#if defined(__AVX512F__)
+    if (d <= 256) {  // a KV head's queries in passes (Pass above); unit u: KV head u / (t group), then row, then head
+        const int per = t * group, ld = (L + 15) / 16 * 16;
+        std::vector<float> qs(PASS_QUERIES * d), sc((size_t)PASS_QUERIES * ld), accs(PASS_QUERIES * std::max(d, 128)), outs(PASS_QUERIES * d);
+        const auto [u0, u1] = team::share(Hkv * per);
+        for (int u = u0; u < u1;) {
+            const int kvh = u / per, nq = std::min({u1, (kvh + 1) * per, u + PASS_QUERIES}) - u;
+            int rows[PASS_QUERIES], heads[PASS_QUERIES];
+            for (int qi = 0; qi < nq; qi++) {
+                rows[qi] = (u + qi) % per / group, heads[qi] = kvh * group + (u + qi) % group;
+                rope(rows[qi], heads[qi] * d, qk_norm ? qk_norm[0] : nullptr, qs.data() + qi * d);
+            }
+            const int64_t base = (int64_t)kvh * max_len * d;
+            if (dt == F32)
+                attend_pass<F32>(cache_k, cache_v, base, d, scale, qs.data(), rows, nq, mask, L, start, sc.data(), ld, accs.data(), outs.data());
+            else if (dt == BF16)
+                attend_pass<BF16>(cache_k, cache_v, base, d, scale, qs.data(), rows, nq, mask, L, start, sc.data(), ld, accs.data(), outs.data());
+            else
+                attend_pass<F16>(cache_k, cache_v, base, d, scale, qs.data(), rows, nq, mask, L, start, sc.data(), ld, accs.data(), outs.data());
+            for (int qi = 0; qi < nq; qi++)
+                for (int e = 0; e < d; e++) store(out, dt, (int64_t)rows[qi] * H * d + heads[qi] * d + e, outs[qi * d + e]);
+            u += nq;
+        }
+        bar.wait(team::size());
+        return;
+    }
+#endif
     const auto [q0, q1] = team::share(t * H);
     for (int task = q0; task < q1; task++) {
         const int i = task / H, h = task % H, kvh = h / group;
