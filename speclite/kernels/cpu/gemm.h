@@ -690,12 +690,14 @@ struct Dense {
                 }
             }
         }
+        float sums[MR * NR];
+        for (int r = 0; r < MR * NR; r += 8) hsums(&acc[0][0] + r, std::min(8, MR * NR - r), sums + r);
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) {
                 float tail = 0.f;
                 for (int k = K16; k < K; k++)
                     tail += to_float(wr[j], BF16, k) * (XBF16 ? to_float(xm[i], BF16, k) : ((const float *)xm[i])[k]);
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, hsum(acc[i][j]) + tail);
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, sums[i * NR + j] + tail);
             }
     }
 
@@ -720,11 +722,13 @@ struct Dense {
                 for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
             }
         }
+        float sums[MR * NR];
+        for (int r = 0; r < MR * NR; r += 8) hsums(&acc[0][0] + r, std::min(8, MR * NR - r), sums + r);
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) {
                 float tail = 0.f;
                 for (int k = K8; k < K; k++) tail += to_float(w, WDT, (int64_t)(n0 + j * step) * K + k) * x[(int64_t)(m0 + i) * K + k];
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, hsum(acc[i][j]) + tail);
+                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, sums[i * NR + j] + tail);
             }
     }
 #else
@@ -748,9 +752,10 @@ struct Dense {
             for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, false, false>(wr, xm, k, 0, acc);
         }
         if (KW < K) S::template run<MR, NR, false, true>(wr, xm, KW, (typename S::Mask)((1ull << (K - KW)) - 1), acc);
+        float sums[MR * NR];
+        for (int r = 0; r < MR * NR; r += 16) hsums(&acc[0][0] + r, std::min(16, MR * NR - r), sums + r);
         for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++)
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, _mm512_reduce_add_ps(acc[i][j]));
+            for (int j = 0; j < NR; j++) store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, sums[i * NR + j]);
     }
 
     template <int MR, int NR, int WDT>

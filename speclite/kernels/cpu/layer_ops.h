@@ -18,11 +18,9 @@
 
 namespace {
 
-
 // q . row for each of n <= 8 consecutive rows of d `DT` values from p + off (lanes past n repeat
 // row n - 1: the caller drops them). Each row's sum has one fixed order: 8-lane partial sums (the
-// rows' chains interleaved), reduced across the 8 rows together (lane l + l + 4, then + 2, then
-// + 1), then the d % 8 tail.
+// rows' chains interleaved), reduced as hsum reduces (hsums), then the d % 8 tail.
 template <int DT>
 inline __m256 dot_keys(const float *q, const void *p, int64_t off, int d, int n) {
     const int d8 = d & ~7;
@@ -34,22 +32,11 @@ inline __m256 dot_keys(const float *q, const void *p, int64_t off, int d, int n)
         const __m256 qv = _mm256_loadu_ps(q + e);
         for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(qv, load8(p, DT, row[r] + e), a[r]);
     }
-    __m256 b[4], c[2];
-    for (int r = 0; r < 4; r++)  // b[r]: rows 2r and 2r + 1, four partial sums each
-        b[r] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * r], a[2 * r + 1], 0x20), _mm256_permute2f128_ps(a[2 * r], a[2 * r + 1], 0x31));
-    for (int r = 0; r < 2; r++)  // c[r]: rows 4r, 4r + 2 (low half), 4r + 1, 4r + 3 (high half), two each
-        c[r] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * r], b[2 * r + 1], 0x44), _mm256_shuffle_ps(b[2 * r], b[2 * r + 1], 0xEE));
-    // rows 0, 2, 4, 6 | 1, 3, 5, 7, one sum each, back into row order
-    const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
-    __m256 out = _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    if (d8 < d) {
-        alignas(32) float v[8];
-        _mm256_store_ps(v, out);
-        for (int r = 0; r < 8; r++)
-            for (int e = d8; e < d; e++) v[r] += q[e] * to_float(p, DT, row[r] + e);
-        out = _mm256_load_ps(v);
-    }
-    return out;
+    alignas(32) float v[8];
+    hsums(a, 8, v);
+    for (int r = 0; r < 8 && d8 < d; r++)
+        for (int e = d8; e < d; e++) v[r] += q[e] * to_float(p, DT, row[r] + e);
+    return _mm256_load_ps(v);
 }
 
 inline float hmax(__m256 v) {
@@ -137,21 +124,6 @@ inline __attribute__((always_inline)) __m512 exp16(__m512 x) {
     p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
     const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
-}
-
-// The 16 sums of a[0..16) in one vector, lane r = a[r]'s lanes summed: halves, then quarters, then
-// pairs, then neighbours, as _mm512_reduce_add_ps folds one vector.
-inline __attribute__((always_inline)) __m512 reduce16(__m512 (&a)[16]) {
-    __m512 b[8], c[4], e[2];
-    for (int r = 0; r < 8; r++)  // b[r]: a[2r] (low 256 bits) and a[2r + 1] (high), 8 partial sums each
-        b[r] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * r], a[2 * r + 1], 0x44), _mm512_shuffle_f32x4(a[2 * r], a[2 * r + 1], 0xEE));
-    for (int r = 0; r < 4; r++)  // c[r]: a[4r..4r+3], one per 128 bits, 4 partial sums each
-        c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88), _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xDD));
-    for (int r = 0; r < 2; r++)  // e[r]: 128-bit lane l holds a[8r + l] and a[8r + 4 + l], 2 partial sums each
-        e[r] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * r], c[2 * r + 1], 0x44), _mm512_shuffle_ps(c[2 * r], c[2 * r + 1], 0xEE));
-    // lane 4l + g holds a[4g + l]: back into order
-    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
 }
 
 inline __mmask16 first_lanes(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << std::max(n, 0)) - 1); }
