@@ -146,7 +146,7 @@ def test_attention_rows_are_independent_and_unseen_keys_change_nothing(isa, d):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [64, 80, 8, 136])  # whole 16-value chunks, a tail of one, less than one, past 128
+@pytest.mark.parametrize("d", [64, 80, 8, 136, 264])  # whole chunks, a tail, less than one, past 128, past 256 (one row at a time)
 @pytest.mark.parametrize("visibility", ["causal", "tree", "window"])
 def test_attention_over_a_long_cache_equals_float64_math_row_by_row(isa, dtype, d, visibility):
     # Many blocks of cache slots, three query heads a KV head (pairs of queries and one alone share a

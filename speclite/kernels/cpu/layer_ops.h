@@ -78,263 +78,6 @@ inline void weighted_rows(const float *w, int n, const void *p, int64_t off, int
 }
 
 
-#if defined(__AVX512F__)
-// ---- AVX-512 attention: a KV head's queries together, the cache in blocks ------------------------
-//
-// A pass takes up to PASS_QUERIES queries (row, head) of one KV head and walks the cache in blocks of
-// slots: a block's keys, then its values, come from memory once for the whole pass, and the queries
-// that see the whole block take it two at a time, each load feeding both. One query at a time over
-// the whole cache was bound by reading it: 6.9 ns a query and key at d = 64 and 450 keys on the AMX
-// Xeon, 3.9 ns this way with ten rows, 5.1 with one (benchmarks/RESULTS.md, 2026-11-25).
-// A query's numbers depend on its own visible keys alone: each score a dot product of 16-lane partial
-// sums reduced as _mm512_reduce_add_ps reduces one vector (16 keys' reductions sharing their
-// shuffles); the exponentials 16 at a time in the keys' order; the weighted values of a block's
-// visible keys dealt round-robin to S sets of accumulators (independent sums for both FMA ports; in
-// memory between blocks, exactly), the sets added in order at the end. So a row alone equals that
-// row in a batch, and keys a row does not see cost nothing and change nothing: a chain's rows equal
-// a tree's with the same visible keys, and the static path's (the whole cache under a mask) too.
-constexpr int PASS_QUERIES = 16, SCORE_BLOCK = 16, VALUE_BLOCK = 64;
-
-// Values i..i+15 of a dtype-DT array widened to fp32, lanes outside `live` zero.
-template <int DT>
-inline __attribute__((always_inline)) __m512 load16(const void *p, int64_t i, __mmask16 live) {
-    if (DT == F32) return _mm512_maskz_loadu_ps(live, (const float *)p + i);
-    const __m256i h = _mm256_maskz_loadu_epi16(live, (const uint16_t *)p + i);
-    if (DT == F16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-template <int DT>
-inline __attribute__((always_inline)) __m512 load16(const void *p, int64_t i) {
-    if (DT == F32) return _mm512_loadu_ps((const float *)p + i);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
-    if (DT == F16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// exp8's arithmetic on 16 lanes.
-inline __attribute__((always_inline)) __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
-    const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
-}
-
-inline __mmask16 first_lanes(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << std::max(n, 0)) - 1); }
-
-// The slots of [s0, s1) that row i sees (mask [t, L] of bytes, or causal from `start`) into slots;
-// their count.
-inline int visible(const uint8_t *mask, int L, int start, int i, int s0, int s1, int *slots) {
-    int m = 0;
-    if (mask) {
-        const uint8_t *row = mask + (int64_t)i * L;
-        for (int s = s0; s < s1; s++)
-            if (row[s]) slots[m++] = s;
-    } else {
-        for (int s = s0; s < std::min(s1, start + i + 1); s++) slots[m++] = s;
-    }
-    return m;
-}
-
-// One pass (see above) for C chunks of 16 values a head (the last one's lanes in mk[C - 1], fewer
-// than 16 where TAIL: full chunks load unmasked, ~1.2x faster), S sets.
-template <int DT, int C, bool TAIL>
-struct Pass {
-    static constexpr int S = C >= 8 ? 1 : 8 / C;
-    const void *cache_k, *cache_v;
-    int64_t base;  // the KV head's first cache row
-    int d;
-    float scale;
-    __mmask16 mk[C];
-
-    // Chunk c of the d values at p + i.
-    __m512 chunk(const void *p, int64_t i, int c) const {
-        return TAIL && c == C - 1 ? load16<DT>(p, i + 16 * c, mk[c]) : load16<DT>(p, i + 16 * c);
-    }
-
-    // For QG queries q[0..QG) at once (the keys' loads shared): out[g][0..m) = scale * q[g] . key for
-    // the keys at slots[0..m). 16 / QG keys a reduction.
-    template <int QG>
-    void score(const float *const *q, const int *slots, int m, float *const *out) const {
-        constexpr int KG = 16 / QG;
-        __m512 qv[QG][C];
-        for (int g = 0; g < QG; g++)
-            for (int c = 0; c < C; c++) qv[g][c] = _mm512_maskz_loadu_ps(mk[c], q[g] + 16 * c);
-        for (int k0 = 0; k0 < m; k0 += KG) {
-            __m512 a[16];  // a[g KG + r]: query g, key k0 + r (past m: key m - 1 again, dropped at the store)
-#pragma GCC unroll 16
-            for (int r = 0; r < KG; r++) {
-                const int64_t row = base + (int64_t)slots[std::min(k0 + r, m - 1)] * d;
-                __m512 s[QG];
-                for (int c = 0; c < C; c++) {
-                    const __m512 kv = chunk(cache_k, row, c);
-                    for (int g = 0; g < QG; g++) s[g] = c == 0 ? _mm512_mul_ps(qv[g][0], kv) : _mm512_fmadd_ps(qv[g][c], kv, s[g]);
-                }
-                for (int g = 0; g < QG; g++) a[g * KG + r] = s[g];
-            }
-            const __m512 v = _mm512_mul_ps(reduce16(a), _mm512_set1_ps(scale));
-            const __mmask16 live = first_lanes(std::min(KG, m - k0));
-            for (int g = 0; g < QG; g++) _mm512_mask_compressstoreu_ps(out[g] + k0, (__mmask16)(live << (g * KG)), v);
-        }
-    }
-
-    // For QG queries at once (the values' loads shared): acc[g] (S sets of d values) += w[g][r] * the
-    // values at slots[r], r < m, the r-th into set r % S.
-    template <int QG>
-    void weigh(const float *const *w, const int *slots, int m, float *const *acc) const {
-        __m512 a[QG][S][C];
-        for (int g = 0; g < QG; g++)
-            for (int s = 0; s < S; s++)
-                for (int c = 0; c < C; c++) a[g][s][c] = _mm512_maskz_loadu_ps(mk[c], acc[g] + s * d + 16 * c);
-        auto add = [&](int s, int r) __attribute__((always_inline)) {
-            __m512 wv[QG];
-            for (int g = 0; g < QG; g++) wv[g] = _mm512_set1_ps(w[g][r]);
-            const int64_t row = base + (int64_t)slots[r] * d;
-            for (int c = 0; c < C; c++) {
-                const __m512 vv = chunk(cache_v, row, c);
-                for (int g = 0; g < QG; g++) a[g][s][c] = _mm512_fmadd_ps(wv[g], vv, a[g][s][c]);
-            }
-        };
-        int r = 0;
-        for (; r + S <= m; r += S)
-            for (int s = 0; s < S; s++) add(s, r + s);
-        for (int s = 0; s < S; s++)  // s a constant: a runtime index would put the sums in memory
-            if (r + s < m) add(s, r + s);
-        for (int g = 0; g < QG; g++)
-            for (int s = 0; s < S; s++)
-                for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(acc[g] + s * d + 16 * c, mk[c], a[g][s][c]);
-    }
-
-    // Walks the cache in blocks of `block` slots: queries that see a whole block take it two at a time
-    // (pair: the pair's query numbers and the block's slots), the others one at a time over the slots
-    // they see (one: the query's number, its slots and their count); n[qi] counts query qi's keys so far.
-    template <class Pair, class One>
-    static void blocks(const int *rows, int nq, const uint8_t *mask, int L, int start, int block, int *n, Pair pair, One one) {
-        int slots[VALUE_BLOCK], all[VALUE_BLOCK], whole[PASS_QUERIES];
-        for (int s0 = 0; s0 < L; s0 += block) {
-            const int s1 = std::min(L, s0 + block);
-            for (int s = s0; s < s1; s++) all[s - s0] = s;
-            int nw = 0;
-            for (int qi = 0; qi < nq; qi++) {
-                const bool sees_all = mask ? memchr(mask + (int64_t)rows[qi] * L + s0, 0, s1 - s0) == nullptr : start + rows[qi] + 1 >= s1;
-                if (sees_all) {
-                    whole[nw++] = qi;
-                } else {
-                    const int m = visible(mask, L, start, rows[qi], s0, s1, slots);
-                    if (m) one(qi, slots, m);
-                    n[qi] += m;
-                }
-            }
-            for (int w = 0; w < nw; w += 2) {
-                if (w + 1 < nw)
-                    pair(whole[w], whole[w + 1], all, s1 - s0);
-                else
-                    one(whole[w], all, s1 - s0);
-                n[whole[w]] += s1 - s0;
-                if (w + 1 < nw) n[whole[w + 1]] += s1 - s0;
-            }
-        }
-    }
-
-    // The queries q[0..nq) (d fp32 values each, of rows rows[0..nq)) over cache keys 0..L-1; out[qi]
-    // (d values) = their attention. scores: nq rows of `ld` floats (ld >= L); acc: nq rows of S * d.
-    void run(const float *q, const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
-             float *acc, float *out) const {
-        int n[PASS_QUERIES] = {};
-        auto qrow = [&](int qi) { return q + (int64_t)qi * d; };
-        auto srow = [&](int qi) { return scores + (int64_t)qi * ld; };
-        auto arow = [&](int qi) { return acc + (int64_t)qi * S * d; };
-        blocks(
-            rows, nq, mask, L, start, SCORE_BLOCK, n,
-            [&](int a, int b, const int *slots, int m) {
-                const float *qs[2] = {qrow(a), qrow(b)};
-                float *outs[2] = {srow(a) + n[a], srow(b) + n[b]};
-                score<2>(qs, slots, m, outs);
-            },
-            [&](int a, const int *slots, int m) {
-                const float *qs[1] = {qrow(a)};
-                float *outs[1] = {srow(a) + n[a]};
-                score<1>(qs, slots, m, outs);
-            });
-        float total[PASS_QUERIES];
-        for (int qi = 0; qi < nq; qi++) {
-            float *sc = srow(qi);
-            __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
-            for (int j0 = 0; j0 < n[qi]; j0 += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(top, first_lanes(n[qi] - j0), sc + j0));
-            const __m512 best = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-            for (int j0 = 0; j0 < n[qi]; j0 += 16) {
-                const __mmask16 live = first_lanes(n[qi] - j0);
-                const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sc + j0), best)));
-                _mm512_mask_storeu_ps(sc + j0, live, e);
-                sum = _mm512_add_ps(sum, e);
-            }
-            total[qi] = _mm512_reduce_add_ps(sum);
-            std::fill(arow(qi), arow(qi) + S * d, 0.f);
-            n[qi] = 0;
-        }
-        blocks(
-            rows, nq, mask, L, start, VALUE_BLOCK, n,
-            [&](int a, int b, const int *slots, int m) {
-                const float *ws[2] = {srow(a) + n[a], srow(b) + n[b]};
-                float *accs[2] = {arow(a), arow(b)};
-                weigh<2>(ws, slots, m, accs);
-            },
-            [&](int a, const int *slots, int m) {
-                const float *ws[1] = {srow(a) + n[a]};
-                float *accs[1] = {arow(a)};
-                weigh<1>(ws, slots, m, accs);
-            });
-        for (int qi = 0; qi < nq; qi++) {
-            const float *a = arow(qi), inv = 1.f / total[qi];
-            for (int e = 0; e < d; e++) {
-                float v = a[e];
-                for (int s = 1; s < S; s++) v += a[s * d + e];
-                out[(int64_t)qi * d + e] = v * inv;
-            }
-        }
-    }
-};
-
-template <int DT, int C>
-inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, int d, float scale, const float *q,
-                        const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
-                        float *acc, float *out) {
-    auto run = [&](auto pass) {
-        for (int c = 0; c < C; c++) pass.mk[c] = first_lanes(d - 16 * c);
-        pass.run(q, rows, nq, mask, L, start, scores, ld, acc, out);
-    };
-    if (d == 16 * C)
-        run(Pass<DT, C, false>{cache_k, cache_v, base, d, scale, {}});
-    else
-        run(Pass<DT, C, true>{cache_k, cache_v, base, d, scale, {}});
-}
-
-// attend_pass for the run-time dtype and head size (C: d / 16 rounded up, to 8; 16 past 128).
-template <int DT>
-inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, int d, float scale, const float *q,
-                        const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
-                        float *acc, float *out) {
-    switch ((d + 15) / 16) {
-#define SPECLITE_PASS(C) attend_pass<DT, C>(cache_k, cache_v, base, d, scale, q, rows, nq, mask, L, start, scores, ld, acc, out); break
-        case 1: SPECLITE_PASS(1);
-        case 2: SPECLITE_PASS(2);
-        case 3: SPECLITE_PASS(3);
-        case 4: SPECLITE_PASS(4);
-        case 5: SPECLITE_PASS(5);
-        case 6: SPECLITE_PASS(6);
-        case 7: SPECLITE_PASS(7);
-        case 8: SPECLITE_PASS(8);
-        default: SPECLITE_PASS(16);
-#undef SPECLITE_PASS
-    }
-}
-#endif
 
 // y = weight * round(x / sqrt(mean(x^2) + eps)) for row m of x [M, H], as the model's RMSNorm
 // (normalise in fp32, round to the dtype, scale in the dtype).
@@ -393,6 +136,353 @@ inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I, team
     bar.wait(team::size());
 }
 
+// ---- attention: a KV head's queries together, the cache in blocks -------------------------------
+//
+// A pass takes up to PASS_QUERIES queries (row, head) of one KV head and walks the cache in blocks of
+// slots: a block's keys, then its values, come from memory once for the whole pass, and the queries
+// that see the whole block take it two at a time, each load feeding both. One query at a time over
+// the whole cache was bound by reading it: 6.9 ns a query and key at d = 64 and 450 keys on the AMX
+// Xeon, 3.9 ns this way with ten rows, 5.1 with one (benchmarks/RESULTS.md, 2026-11-25).
+// A query's numbers depend on its own visible keys alone: each score a dot product of W-lane partial
+// sums (Lanes: AVX-512's 16, AVX2's 8) reduced as one vector's sum is (hsums: W keys' reductions
+// sharing their shuffles); the exponentials W at a time in the keys' order; the weighted values of a
+// block's visible keys dealt round-robin to S sets of accumulators (independent sums for the FMA
+// ports; in memory between blocks, exactly), the sets added in order at the end. So a row alone equals
+// that row in a batch, and keys a row does not see cost nothing and change nothing: a chain's rows
+// equal a tree's with the same visible keys, and the static path's (the whole cache under a mask) too.
+constexpr int PASS_QUERIES = 16, SCORE_BLOCK = 16, VALUE_BLOCK = 64, PASS_MAX_D = 256;
+
+#if defined(__AVX512F__)
+struct Lanes {  // 16 fp32 lanes; the weighting's column groups of 8 chunks keep 8 sums in flight
+    using V = __m512;
+    static constexpr int W = 16, GROUP = 8, CHAINS = 8;
+    static __mmask16 first(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << std::max(n, 0)) - 1); }
+    static V zero() { return _mm512_setzero_ps(); }
+    static V set1(float v) { return _mm512_set1_ps(v); }
+    static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+    static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+    static V add(V a, V b) { return _mm512_add_ps(a, b); }
+    static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+    static V max(V a, V b) { return _mm512_max_ps(a, b); }
+    static void store(float *p, V v) { _mm512_storeu_ps(p, v); }
+    // Values i..i+15 of a dtype-DT array widened to fp32 (the first n; the others zero).
+    template <int DT>
+    static inline __attribute__((always_inline)) V load(const void *p, int64_t i) {
+        if (DT == F32) return _mm512_loadu_ps((const float *)p + i);
+        const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+        if (DT == F16) return _mm512_cvtph_ps(h);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    template <int DT>
+    static inline __attribute__((always_inline)) V load(const void *p, int64_t i, int n) {
+        if (DT == F32) return _mm512_maskz_loadu_ps(first(n), (const float *)p + i);
+        const __m256i h = _mm256_maskz_loadu_epi16(first(n), (const uint16_t *)p + i);
+        if (DT == F16) return _mm512_cvtph_ps(h);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    static V loadf(const float *p, int n, float fill) { return _mm512_mask_loadu_ps(set1(fill), first(n), p); }
+    static V keep(V v, int n) { return _mm512_maskz_mov_ps(first(n), v); }  // lanes from n on zero
+    static void storef(float *p, V v, int n) { _mm512_mask_storeu_ps(p, first(n), v); }
+    static float hmax(V v) { return _mm512_reduce_max_ps(v); }
+    static float hsum(V v) { return _mm512_reduce_add_ps(v); }
+    // exp8's arithmetic on 16 lanes.
+    static inline __attribute__((always_inline)) V exp(V x) {
+        x = _mm512_min_ps(_mm512_max_ps(x, set1(-87.f)), set1(88.f));
+        const V n = _mm512_roundscale_ps(mul(x, set1(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        V r = _mm512_fnmadd_ps(n, set1(0.693359375f), x);
+        r = _mm512_fnmadd_ps(n, set1(-2.12194440e-4f), r);
+        V p = set1(1.9875691500e-4f);
+        for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+            p = fma(p, r, set1(c));
+        p = add(fma(p, mul(r, r), r), set1(1.f));
+        const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+        return mul(p, _mm512_castsi512_ps(scale));
+    }
+};
+#else
+struct Lanes {  // 8 fp32 lanes; AVX2's 16 registers: column groups of 4 chunks, 4 sums in flight a query
+    using V = __m256;
+    static constexpr int W = 8, GROUP = 4, CHAINS = 4;
+    static V zero() { return _mm256_setzero_ps(); }
+    static V set1(float v) { return _mm256_set1_ps(v); }
+    static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+    static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+    static V add(V a, V b) { return _mm256_add_ps(a, b); }
+    static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+    static V max(V a, V b) { return _mm256_max_ps(a, b); }
+    static void store(float *p, V v) { _mm256_storeu_ps(p, v); }
+    template <int DT>
+    static inline __attribute__((always_inline)) V load(const void *p, int64_t i) { return load8(p, DT, i); }
+    template <int DT>
+    static V load(const void *p, int64_t i, int n) {  // the tail of a head: through a zeroed copy
+        alignas(32) float t[8] = {};
+        for (int l = 0; l < n; l++) t[l] = to_float(p, DT, i + l);
+        return _mm256_load_ps(t);
+    }
+    static V loadf(const float *p, int n, float fill) {
+        alignas(32) float t[8];
+        for (int l = 0; l < 8; l++) t[l] = l < n ? p[l] : fill;
+        return _mm256_load_ps(t);
+    }
+    static V keep(V v, int n) {
+        return n >= 8 ? v : _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+    }
+    static void storef(float *p, V v, int n) {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, v);
+        for (int l = 0; l < std::min(n, 8); l++) p[l] = t[l];
+    }
+    static float hmax(V v) { return ::hmax(v); }
+    static float hsum(V v) { return ::hsum(v); }
+    static V exp(V x) { return exp8(x); }
+};
+#endif
+
+// The slots of [s0, s1) that row i sees (mask [t, L] of bytes, or causal from `start`) into slots;
+// their count.
+inline int visible(const uint8_t *mask, int L, int start, int i, int s0, int s1, int *slots) {
+    int m = 0;
+    if (mask) {
+        const uint8_t *row = mask + (int64_t)i * L;
+        for (int s = s0; s < s1; s++)
+            if (row[s]) slots[m++] = s;
+    } else {
+        for (int s = s0; s < std::min(s1, start + i + 1); s++) slots[m++] = s;
+    }
+    return m;
+}
+
+// One pass (see above) for heads of up to C chunks of W values: exactly C where !TAIL, else
+// ceil(d / W) <= C of them, the last one partial (loaded through Lanes' partial loads).
+template <int DT, int C, bool TAIL>
+struct Pass {
+    using L = Lanes;
+    using V = L::V;
+    static constexpr int W = L::W;
+    const void *cache_k, *cache_v;
+    int64_t base;  // the KV head's first cache row
+    int d;
+    float scale;
+
+    int chunks() const { return TAIL ? (d + W - 1) / W : C; }
+    int64_t stride() const { return (int64_t)chunks() * W; }  // of a query's sets of accumulators
+    // Chunk c of the d values at p + i.
+    V chunk(const void *p, int64_t i, int c) const {
+        return TAIL && W * (c + 1) > d ? L::template load<DT>(p, i + W * c, d - W * c) : L::template load<DT>(p, i + W * c);
+    }
+    // Sets of accumulators for the column group of n chunks.
+    static constexpr int sets(int n) { return std::max(1, L::CHAINS / n); }
+
+    // For QG queries q[0..QG) at once (the keys' loads shared): out[g][0..m) = scale * q[g] . key for
+    // the keys at slots[0..m). W / QG keys a reduction.
+    template <int QG>
+    void score(const float *const *q, const int *slots, int m, float *const *out) const {
+        constexpr int KG = W / QG;
+        const int nc = chunks();
+        V qv[QG][C];
+        for (int g = 0; g < QG; g++)
+            for (int c = 0; c < nc; c++) qv[g][c] = W * (c + 1) > d ? L::loadf(q[g] + W * c, d - W * c, 0.f) : L::template load<F32>(q[g], W * c);
+        for (int k0 = 0; k0 < m; k0 += KG) {
+            V a[W];  // a[g KG + r]: query g, key k0 + r (past m: key m - 1 again, dropped below)
+#pragma GCC unroll 16
+            for (int r = 0; r < KG; r++) {
+                const int64_t row = base + (int64_t)slots[std::min(k0 + r, m - 1)] * d;
+                V s[QG];
+                for (int c = 0; c < nc; c++) {
+                    const V kv = chunk(cache_k, row, c);
+                    for (int g = 0; g < QG; g++) s[g] = c == 0 ? L::mul(qv[g][0], kv) : L::fma(qv[g][c], kv, s[g]);
+                }
+                for (int g = 0; g < QG; g++) a[g * KG + r] = s[g];
+            }
+            alignas(64) float sums[W];
+            hsums(a, W, sums);
+            for (int g = 0; g < QG; g++)
+                for (int r = 0; r < std::min(KG, m - k0); r++) out[g][k0 + r] = sums[g * KG + r] * scale;
+        }
+    }
+
+    // The weighting of chunks c0..c0+N-1 (one column group) for QG queries at once (the values' loads
+    // shared): acc[g] (set s of chunk c at s * stride() + W c) += w[g][r] * the values at slots[r],
+    // r < m, the r-th into set r % S.
+    template <int QG, int N>
+    void weigh_columns(const float *const *w, const int *slots, int m, int c0, float *const *acc) const {
+        constexpr int S = sets(N);
+        V a[QG][S][N];
+        for (int g = 0; g < QG; g++)
+            for (int s = 0; s < S; s++)
+                for (int c = 0; c < N; c++) a[g][s][c] = L::template load<F32>(acc[g], s * stride() + W * (c0 + c));
+        auto add = [&](int s, int r) __attribute__((always_inline)) {
+            V wv[QG];
+            for (int g = 0; g < QG; g++) wv[g] = L::set1(w[g][r]);
+            const int64_t row = base + (int64_t)slots[r] * d;
+            for (int c = 0; c < N; c++) {
+                const V vv = chunk(cache_v, row, c0 + c);
+                for (int g = 0; g < QG; g++) a[g][s][c] = L::fma(wv[g], vv, a[g][s][c]);
+            }
+        };
+        int r = 0;
+        for (; r + S <= m; r += S)
+            for (int s = 0; s < S; s++) add(s, r + s);
+        for (int s = 0; s < S; s++)  // s a constant: a runtime index would put the sums in memory
+            if (r + s < m) add(s, r + s);
+        for (int g = 0; g < QG; g++)
+            for (int s = 0; s < S; s++)
+                for (int c = 0; c < N; c++) L::store(acc[g] + s * stride() + W * (c0 + c), a[g][s][c]);
+    }
+
+    // Every column group: GROUP chunks at a time, then the rest (a group of N chunks: sets(N) sets).
+    template <int QG>
+    void weigh(const float *const *w, const int *slots, int m, float *const *acc) const {
+        constexpr int G = std::min(C, L::GROUP);
+        const int nc = chunks();
+        int c0 = 0;
+        for (; c0 + G <= nc; c0 += G) weigh_columns<QG, G>(w, slots, m, c0, acc);
+        rest<QG, G - 1>(w, slots, m, c0, nc - c0, acc);
+    }
+    template <int QG, int N>
+    void rest(const float *const *w, const int *slots, int m, int c0, int n, float *const *acc) const {
+        if constexpr (N > 0) {
+            if (n == N) return weigh_columns<QG, N>(w, slots, m, c0, acc);
+            rest<QG, N - 1>(w, slots, m, c0, n, acc);
+        }
+    }
+    // Sets of chunk c's column group.
+    int sets_of(int c) const {
+        const int nc = chunks(), G = std::min(C, L::GROUP);
+        return sets(c < nc / G * G ? G : nc % G);
+    }
+
+    // Walks the cache in blocks of `block` slots: queries that see a whole block take it two at a time
+    // (pair: the pair's query numbers and the block's slots), the others one at a time over the slots
+    // they see (one: the query's number, its slots and their count); n[qi] counts query qi's keys so far.
+    template <class Pair, class One>
+    static void blocks(const int *rows, int nq, const uint8_t *mask, int L_, int start, int block, int *n, Pair pair, One one) {
+        int slots[VALUE_BLOCK], all[VALUE_BLOCK], whole[PASS_QUERIES];
+        for (int s0 = 0; s0 < L_; s0 += block) {
+            const int s1 = std::min(L_, s0 + block);
+            for (int s = s0; s < s1; s++) all[s - s0] = s;
+            int nw = 0;
+            for (int qi = 0; qi < nq; qi++) {
+                const bool sees_all = mask ? memchr(mask + (int64_t)rows[qi] * L_ + s0, 0, s1 - s0) == nullptr : start + rows[qi] + 1 >= s1;
+                if (sees_all) {
+                    whole[nw++] = qi;
+                } else {
+                    const int m = visible(mask, L_, start, rows[qi], s0, s1, slots);
+                    if (m) one(qi, slots, m);
+                    n[qi] += m;
+                }
+            }
+            for (int w = 0; w < nw; w += 2) {
+                if (w + 1 < nw)
+                    pair(whole[w], whole[w + 1], all, s1 - s0);
+                else
+                    one(whole[w], all, s1 - s0);
+                n[whole[w]] += s1 - s0;
+                if (w + 1 < nw) n[whole[w + 1]] += s1 - s0;
+            }
+        }
+    }
+
+    // The queries q[0..nq) (d fp32 values each, of rows rows[0..nq)) over cache keys 0..L_-1; out[qi]
+    // (d values) = their attention. scores: nq rows of `ld` floats (ld >= L_); acc: nq rows of
+    // CHAINS * stride() floats.
+    void run(const float *q, const int *rows, int nq, const uint8_t *mask, int L_, int start, float *scores, int ld,
+             float *acc, float *out) const {
+        int n[PASS_QUERIES] = {};
+        const int64_t arow_len = L::CHAINS * stride();
+        auto qrow = [&](int qi) { return q + (int64_t)qi * d; };
+        auto srow = [&](int qi) { return scores + (int64_t)qi * ld; };
+        auto arow = [&](int qi) { return acc + qi * arow_len; };
+        blocks(
+            rows, nq, mask, L_, start, SCORE_BLOCK, n,
+            [&](int a, int b, const int *slots, int m) {
+                const float *qs[2] = {qrow(a), qrow(b)};
+                float *outs[2] = {srow(a) + n[a], srow(b) + n[b]};
+                score<2>(qs, slots, m, outs);
+            },
+            [&](int a, const int *slots, int m) {
+                const float *qs[1] = {qrow(a)};
+                float *outs[1] = {srow(a) + n[a]};
+                score<1>(qs, slots, m, outs);
+            });
+        float total[PASS_QUERIES];
+        for (int qi = 0; qi < nq; qi++) {
+            float *sc = srow(qi);
+            const int whole = n[qi] / W * W, rest = n[qi] - whole;  // whole vectors, then the rest's lanes
+            V top = L::set1(-INFINITY), sum = L::zero();
+            for (int j0 = 0; j0 < whole; j0 += W) top = L::max(top, L::template load<F32>(sc, j0));
+            if (rest) top = L::max(top, L::loadf(sc + whole, rest, -INFINITY));
+            const V best = L::set1(L::hmax(top));
+            for (int j0 = 0; j0 < whole; j0 += W) {
+                const V e = L::exp(L::sub(L::template load<F32>(sc, j0), best));
+                L::store(sc + j0, e);
+                sum = L::add(sum, e);
+            }
+            if (rest) {
+                const V e = L::keep(L::exp(L::sub(L::loadf(sc + whole, rest, 0.f), best)), rest);
+                L::storef(sc + whole, e, rest);
+                sum = L::add(sum, e);
+            }
+            total[qi] = L::hsum(sum);
+            std::fill(arow(qi), arow(qi) + arow_len, 0.f);
+            n[qi] = 0;
+        }
+        blocks(
+            rows, nq, mask, L_, start, VALUE_BLOCK, n,
+            [&](int a, int b, const int *slots, int m) {
+                const float *ws[2] = {srow(a) + n[a], srow(b) + n[b]};
+                float *accs[2] = {arow(a), arow(b)};
+                weigh<2>(ws, slots, m, accs);
+            },
+            [&](int a, const int *slots, int m) {
+                const float *ws[1] = {srow(a) + n[a]};
+                float *accs[1] = {arow(a)};
+                weigh<1>(ws, slots, m, accs);
+            });
+        for (int qi = 0; qi < nq; qi++) {
+            const float *a = arow(qi), inv = 1.f / total[qi];
+            for (int e = 0; e < d; e++) {
+                float v = a[e];
+                for (int s = 1; s < sets_of(e / W); s++) v += a[s * stride() + e];
+                out[(int64_t)qi * d + e] = v * inv;
+            }
+        }
+    }
+};
+
+template <int DT, int C>
+inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, int d, float scale, const float *q,
+                        const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
+                        float *acc, float *out) {
+    if (d == Lanes::W * C)
+        Pass<DT, C, false>{cache_k, cache_v, base, d, scale}.run(q, rows, nq, mask, L, start, scores, ld, acc, out);
+    else
+        Pass<DT, C, true>{cache_k, cache_v, base, d, scale}.run(q, rows, nq, mask, L, start, scores, ld, acc, out);
+}
+
+// attend_pass for the run-time dtype and head size d <= PASS_MAX_D (C: d / W rounded up; past 8,
+// up to 16 or 32).
+template <int DT>
+inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, int d, float scale, const float *q,
+                        const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
+                        float *acc, float *out) {
+    const int c = (d + Lanes::W - 1) / Lanes::W;
+#define SPECLITE_PASS(C) return attend_pass<DT, C>(cache_k, cache_v, base, d, scale, q, rows, nq, mask, L, start, scores, ld, acc, out)
+    switch (c) {
+        case 1: SPECLITE_PASS(1);
+        case 2: SPECLITE_PASS(2);
+        case 3: SPECLITE_PASS(3);
+        case 4: SPECLITE_PASS(4);
+        case 5: SPECLITE_PASS(5);
+        case 6: SPECLITE_PASS(6);
+        case 7: SPECLITE_PASS(7);
+        case 8: SPECLITE_PASS(8);
+    }
+    if (c <= 16) SPECLITE_PASS(16);
+    SPECLITE_PASS(PASS_MAX_D / Lanes::W);
+#undef SPECLITE_PASS
+}
+
 // One attention layer's work after the q/k/v projections, for t new tokens, run by a team:
 //   qkv [t, (H + 2 Hkv) d] the projections (q heads, then k, then v), cos/sin [t, d] the RoPE tables;
 //   the rotated keys and the values are written to cache_k/cache_v [Hkv, max_len, d] at slots
@@ -430,10 +520,12 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
         for (int e = 0; e < d; e++) store(cache_v, dt, slot + e, to_float(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
     }
     bar.wait(team::size());  // the keys and values are in the cache
-#if defined(__AVX512F__)
-    if (d <= 256) {  // a KV head's queries in passes (Pass above); unit u: KV head u / (t group), then row, then head
+    if (d <= PASS_MAX_D) {  // a KV head's queries in passes (Pass above); unit u: KV head u / (t group), then row, then head
         const int per = t * group, ld = (L + 15) / 16 * 16;
-        std::vector<float> qs(PASS_QUERIES * d), sc((size_t)PASS_QUERIES * ld), accs(PASS_QUERIES * std::max(d, 128)), outs(PASS_QUERIES * d);
+        const int64_t acc_row = Lanes::CHAINS * ((d + Lanes::W - 1) / Lanes::W * Lanes::W);
+        thread_local std::vector<float> qs, sc, accs, outs;  // kept: a fresh 100 KB a call would come from mmap
+        for (auto [v, n] : {std::pair{&qs, (int64_t)d}, {&sc, (int64_t)ld}, {&accs, acc_row}, {&outs, (int64_t)d}})
+            if ((int64_t)v->size() < PASS_QUERIES * n) v->resize(PASS_QUERIES * n);
         const auto [u0, u1] = team::share(Hkv * per);
         for (int u = u0; u < u1;) {
             const int kvh = u / per, nq = std::min({u1, (kvh + 1) * per, u + PASS_QUERIES}) - u;
@@ -456,7 +548,7 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
         bar.wait(team::size());
         return;
     }
-#endif
+    // Heads past PASS_MAX_D values (no model speclite runs has them): one (row, head) at a time.
     const auto [q0, q1] = team::share(t * H);
     for (int task = q0; task < q1; task++) {
         const int i = task / H, h = task % H, kvh = h / group;
