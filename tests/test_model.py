@@ -111,6 +111,16 @@ def test_context_overflow_is_a_clear_error(model_dirs):
         model(torch.arange(9), cache)
 
 
+@pytest.mark.parametrize("shape", [(1, 5), (5, 1), ()])
+def test_tokens_not_one_sequence_are_a_clear_error(model_dirs, shape):
+    # A batch dimension once reached the C attention as a mis-shaped row and crashed the process.
+    model = load_model(model_dirs["qwen2"])
+    cache = model.new_cache(16)
+    with pytest.raises(SpecliteError, match=r"one sequence of ids \[T\]"):
+        model(torch.zeros(shape, dtype=torch.long), cache)
+    assert cache.length == 0
+
+
 def test_static_forward_equals_dynamic(model_dirs):
     """The fixed-shape step (what CUDA graphs capture) gives the dynamic forward's logits."""
     from speclite.model.static import StaticDecoder

@@ -417,6 +417,8 @@ class Transformer(nn.Module):
              wants: Wants = NOTHING) -> Step:
         """Like forward, plus the hidden states `wants` names; with `tree`, the tokens are a token
         tree (row 0 the last committed token) at positions cache.length + depth."""
+        if tokens.dim() != 1:  # a batch dimension would reach the C kernels as one long row
+            raise SpecliteError(f"tokens must be one sequence of ids [T], got shape {list(tokens.shape)}")
         t, start = tokens.shape[0], cache.length
         if start + t > cache.max_len:
             raise SpecliteError(f"sequence of {start + t} tokens exceeds the context of {cache.max_len}")
