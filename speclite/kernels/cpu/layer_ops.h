@@ -450,36 +450,25 @@ struct Pass {
     }
 };
 
-template <int DT, int C>
-inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, int d, float scale, const float *q,
-                        const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
-                        float *acc, float *out) {
-    if (d == Lanes::W * C)
-        Pass<DT, C, false>{cache_k, cache_v, base, d, scale}.run(q, rows, nq, mask, L, start, scores, ld, acc, out);
-    else
-        Pass<DT, C, true>{cache_k, cache_v, base, d, scale}.run(q, rows, nq, mask, L, start, scores, ld, acc, out);
-}
-
-// attend_pass for the run-time dtype and head size d <= PASS_MAX_D (C: d / W rounded up; past 8,
-// up to 16 or 32).
+// attend_pass for the run-time dtype and head size d <= PASS_MAX_D: the common head sizes (32, 64, 80,
+// 96, 128, 256) each with their own code, any other through the widest pass with a partial last chunk
+// (one instantiation for them all: three per size were a minute of the build's time).
 template <int DT>
 inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, int d, float scale, const float *q,
                         const int *rows, int nq, const uint8_t *mask, int L, int start, float *scores, int ld,
                         float *acc, float *out) {
-    const int c = (d + Lanes::W - 1) / Lanes::W;
-#define SPECLITE_PASS(C) return attend_pass<DT, C>(cache_k, cache_v, base, d, scale, q, rows, nq, mask, L, start, scores, ld, acc, out)
-    switch (c) {
-        case 1: SPECLITE_PASS(1);
-        case 2: SPECLITE_PASS(2);
-        case 3: SPECLITE_PASS(3);
-        case 4: SPECLITE_PASS(4);
-        case 5: SPECLITE_PASS(5);
-        case 6: SPECLITE_PASS(6);
-        case 7: SPECLITE_PASS(7);
-        case 8: SPECLITE_PASS(8);
+    constexpr int W = Lanes::W, WIDEST = PASS_MAX_D / W;
+#define SPECLITE_PASS(C, TAIL) return Pass<DT, C, TAIL>{cache_k, cache_v, base, d, scale}.run(q, rows, nq, mask, L, start, scores, ld, acc, out)
+    switch (d) {
+        case 2 * W: SPECLITE_PASS(2, false);
+        case 4 * W: SPECLITE_PASS(4, false);
+        case 8 * W: SPECLITE_PASS(8, false);
+        case 16 * W: SPECLITE_PASS(16, false);
+        case 80: SPECLITE_PASS(80 / W, false);
+        case 96: SPECLITE_PASS(96 / W, false);
     }
-    if (c <= 16) SPECLITE_PASS(16);
-    SPECLITE_PASS(PASS_MAX_D / Lanes::W);
+    if (d == 32 * W && WIDEST >= 32) SPECLITE_PASS(WIDEST, false);
+    SPECLITE_PASS(WIDEST, true);
 #undef SPECLITE_PASS
 }
 
