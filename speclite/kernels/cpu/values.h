@@ -3,6 +3,7 @@
 // even as torch rounds a float to that dtype, and fixed-order horizontal sums.
 #pragma once
 
+#include <algorithm>
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -83,20 +84,13 @@ inline __attribute__((always_inline)) void hsums(const __m256 *a, int n, float *
 }
 
 #if defined(__AVX512F__)
-// out[r] = _mm512_reduce_add_ps(a[r]) for r < n <= 16, bit for bit: the vectors' reductions in one
-// tree of shuffles (the reduction's, level by level: halves, quarters, pairs, neighbours).
+// out[r] = _mm512_reduce_add_ps(a[r]) for r < n <= 16, bit for bit: each vector's halves added (the
+// reduction's first level), then hsums eight at a time (as fast as a 16-vector tree, measured).
 inline __attribute__((always_inline)) void hsums(const __m512 *a, int n, float *out) {
-    __m512 v[16], b[8], c[4], e[2];
-    for (int r = 0; r < 16; r++) v[r] = r < n ? a[r] : _mm512_setzero_ps();
-    for (int r = 0; r < 8; r++)  // b[r]: v[2r] (low 256 bits) and v[2r + 1] (high), 8 partial sums each
-        b[r] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * r], v[2 * r + 1], 0x44), _mm512_shuffle_f32x4(v[2 * r], v[2 * r + 1], 0xEE));
-    for (int r = 0; r < 4; r++)  // c[r]: v[4r..4r+3], one per 128 bits, 4 partial sums each
-        c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88), _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xDD));
-    for (int r = 0; r < 2; r++)  // e[r]: 128-bit lane l holds v[8r + l] and v[8r + 4 + l], 2 partial sums each
-        e[r] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * r], c[2 * r + 1], 0x44), _mm512_shuffle_ps(c[2 * r], c[2 * r + 1], 0xEE));
-    alignas(64) float s[16];  // lane 4l + g holds v[4g + l]
-    _mm512_store_ps(s, _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD)));
-    for (int r = 0; r < n; r++) out[r] = s[r % 4 * 4 + r / 4];
+    __m256 h[16];
+    for (int r = 0; r < n; r++)
+        h[r] = _mm256_add_ps(_mm512_castps512_ps256(a[r]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[r]), 1)));
+    for (int r = 0; r < n; r += 8) hsums(h + r, std::min(8, n - r), out + r);
 }
 #endif
 
