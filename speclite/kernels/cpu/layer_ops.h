@@ -485,7 +485,7 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
                            const uint8_t *mask, int dt, int t, int H, int Hkv, int d, int max_len, int start, int L,
                            float scale, const void *const *qk_norm, float eps, team::TeamBarrier &bar) {
     const int half = d / 2, width = (H + 2 * Hkv) * d, group = H / Hkv;
-    std::vector<float> q(d), acc(d), scores((L + 7) / 8 * 8);
+    std::vector<float> q(d);
     std::vector<char> normed(4 * d);
     // RoPE of one head's vector (row i, column offset c; normed by `norm` first where not null, as
     // rms_norm_row norms a row) into fp32 dst: x cos + rotate_half(x) sin.
@@ -538,6 +538,7 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
         return;
     }
     // Heads past PASS_MAX_D values (no model speclite runs has them): one (row, head) at a time.
+    std::vector<float> acc(d), scores((L + 7) / 8 * 8);
     const auto [q0, q1] = team::share(t * H);
     for (int task = q0; task < q1; task++) {
         const int i = task / H, h = task % H, kvh = h / group;
