@@ -163,7 +163,7 @@ def test_dense_equals_float64_math(isa, m, n, k, wdtype):
 @needs_kernels
 @pytest.mark.parametrize("m,n,k", SHAPES + [(4, 20, 31), (2, 9, 65)])
 def test_bf16_weights_and_activations_equal_float64_math_before_rounding(isa, m, n, k):
-    # On the AVX-512 path these meet in vdpbf16ps (K % 32 tails included), on AVX2 in fp32 FMAs.
+    # On the AVX-512 path these meet in vdpbf16ps (an odd K's last pair padded), on AVX2 in fp32 FMAs.
     torch.manual_seed(m * k + n)
     x, w = torch.randn(m, k).to(torch.bfloat16), torch.randn(n, k).to(torch.bfloat16)
     y = half_gemm(x, w)
@@ -187,7 +187,7 @@ def _calls(x, n, k):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("k", [448, 200])  # 200: a tail past the last 16-block (AVX2's bf16 tiles)
+@pytest.mark.parametrize("k", [448, 200, 201])  # 201: bf16 panels end in a padded pair
 def test_a_row_alone_equals_that_row_in_a_batch_bit_for_bit(isa, dtype, k):
     torch.manual_seed(3)
     n = 203
@@ -253,6 +253,47 @@ def test_integer_products_are_the_same_on_every_isa_path(dtype):
             cpu_build.isa.cache_clear()
     for name in ("int4", "int8"):
         assert all(torch.equal(out[name], outputs[0][name]) for out in outputs), name
+
+
+@needs_kernels
+@pytest.mark.skipif(len(cpu_build.runnable()) < 2, reason="one ISA path on this CPU")
+def test_dense_products_of_fp32_activations_are_the_same_on_every_isa_path():
+    # Each output is one fp32 sum over K in order on every path (gemm.h, Dense), the weights widened
+    # exactly: so a float32 weight narrowed to its bf16 values (model.narrow) multiplies bit for bit
+    # as before, on AVX2 too. K odd: bf16's panels end in a padded pair.
+    torch.manual_seed(13)
+    x = torch.randn(7, 203)
+    bf16 = torch.randn(77, 203).to(torch.bfloat16)
+    weights = {"fp32": torch.randn(77, 203), "bf16": bf16, "f16": torch.randn(77, 203).to(torch.float16),
+               "bf16 values in fp32": bf16.float()}
+    outputs = []
+    for path in cpu_build.runnable():
+        os.environ["SPECLITE_CPU_ISA"] = path
+        cpu_build.isa.cache_clear()
+        try:
+            outputs.append({name: half_gemm(x, w) for name, w in weights.items()})
+        finally:
+            del os.environ["SPECLITE_CPU_ISA"]
+            cpu_build.isa.cache_clear()
+    for name in weights:
+        assert all(torch.equal(out[name], outputs[0][name]) for out in outputs), name
+    assert torch.equal(outputs[0]["bf16"], outputs[0]["bf16 values in fp32"])
+    assert close(outputs[0]["fp32"], x.double() @ weights["fp32"].double().t())
+
+
+def test_dense_panels_hold_each_weight_once_in_the_kernel_order():
+    """pack_dense's layout, read back by index: 16 columns a panel (zero columns past N), fp32 and
+    f16 one value of K at a time, bf16 pairs of consecutive values (a zero past an odd K)."""
+    torch.manual_seed(14)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        w = torch.randn(37, 11).to(dtype)
+        p = cpu_gemm.pack_dense(w)
+        for n, k in ((0, 0), (15, 10), (16, 3), (36, 7), (20, 9)):
+            got = p[n // 16, k // 2, n % 16, k % 2] if dtype == torch.bfloat16 else p[n // 16, k, n % 16]
+            assert got == w[n, k], (dtype, n, k)
+        assert p.shape[0] == 3 and (p[2, :, 37 - 32:] == 0).all()
+        if dtype == torch.bfloat16:
+            assert p.shape[1:] == (6, 16, 2) and (p[:, 5, :, 1] == 0).all()
 
 
 @needs_kernels

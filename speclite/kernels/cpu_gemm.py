@@ -2,7 +2,7 @@
 
 One C call per matmul, any number of rows (decode, k+1 verification and prefill take the same
 kernel), threads from torch.get_num_threads(). Weights are repacked once at load (pack_int4,
-pack_int8; one layout for every ISA path); activations arrive in fp32, bf16 or f16 and the output
+pack_int8, pack_dense; one layout for every ISA path); activations arrive in fp32, bf16 or f16 and the output
 has their dtype. A row's result does not depend on the other rows of the call (see the source),
 which keeps speculative decoding bit-identical to plain decoding. Built by cpu_build for the
 process's ISA path (AVX2, or AVX-512 with VNNI and BF16). `available()` is False without such a
@@ -12,6 +12,7 @@ CPU or a compiler, or with SPECLITE_CPU_KERNELS=0: callers keep torch's ops.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import operator
 
 import torch
@@ -60,6 +61,57 @@ def pack_int8(w: torch.Tensor) -> torch.Tensor:
     return w.view(w.shape[0] // 8, 8, -1, 32).transpose(1, 2).reshape(w.shape[0] // 8, -1).contiguous()
 
 
+def pack_dense(w: torch.Tensor) -> torch.Tensor:
+    """fp32 / bf16 / f16 [N, K] into the kernel's panels (gemm.h, Dense): 16 columns each (N padded
+    with zero columns); fp32 and f16 [N / 16, K, 16], one value of K for the 16 columns at a time;
+    bf16 [N / 16, K' / 2, 16, 2] (K' = K rounded up to even with a zero column), each column's pair of
+    consecutive values together. A copy in huge pages (_huge_empty): the module keeps its own weight
+    for torch's ops."""
+    n, k = w.shape
+    w = torch.nn.functional.pad(w, (0, 0, 0, -n % 16))
+    if w.dtype == torch.bfloat16:
+        w = torch.nn.functional.pad(w, (0, k % 2))
+        w = w.view(-1, 16, w.shape[1] // 2, 2).transpose(1, 2)
+    else:
+        w = w.view(-1, 16, k).transpose(1, 2)
+    return _huge_empty(w.shape, w.dtype).copy_(w)
+
+
+_HUGE_PAGE, _CHUNK = 2 << 20, 32 << 20
+_chunk = {"buffer": None, "used": 0}
+
+
+def _huge_empty(shape, dtype) -> torch.Tensor:
+    """An empty CPU tensor in memory advised for transparent huge pages, as model.arena places the
+    weights (Linux's default THP mode gives huge pages only to advised memory; the panels of a bf16
+    Qwen2.5-0.5B shape in torch's own allocations decoded 3% slower, benchmarks/RESULTS.md). Small
+    ones share 32 MB mappings, taken in turn; a mapping lives while any tensor in it does. torch's
+    allocator where there is no MADV_HUGEPAGE or no room for a mapping."""
+    nbytes = -(-torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size() // 64) * 64
+    if not hasattr(mmap, "MADV_HUGEPAGE") or nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    try:
+        if nbytes > _CHUNK // 2:
+            buffer, start = _huge_mapping(nbytes), 0
+        else:
+            if _chunk["buffer"] is None or _chunk["used"] + nbytes > _CHUNK:
+                _chunk.update(buffer=_huge_mapping(_CHUNK), used=0)
+            buffer, start = _chunk["buffer"], _chunk["used"]
+            _chunk["used"] += nbytes
+    except OSError:
+        return torch.empty(shape, dtype=dtype)
+    return buffer[start:start + nbytes].view(dtype)[:torch.Size(shape).numel()].view(shape)
+
+
+def _huge_mapping(nbytes: int) -> torch.Tensor:
+    mapping = mmap.mmap(-1, -(-nbytes // _HUGE_PAGE) * _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # a kernel without THP: plain pages
+        pass
+    return torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive while any view does
+
+
 class Matrices(ctypes.Structure):
     """One or more matrices of one format and one input width (a layer's q, k and v projections; its
     gate and up), multiplied side by side in one kernel call: the activations are quantized or
@@ -91,13 +143,13 @@ def int8_matrices(weights: list[torch.Tensor], scales: list[torch.Tensor], k: in
 
 
 def dense_matrices(weights: list[torch.Tensor], bias: torch.Tensor | None = None) -> Matrices | None:
-    """Contiguous dense weights [N_i, K] of one dtype (fp32, bf16, f16), fp32 accumulation; None for
-    others."""
+    """Dense weights [N_i, K] of one dtype (fp32, bf16, f16), repacked (pack_dense), fp32
+    accumulation; None for others."""
     w = weights[0]
-    if w.dtype not in DTYPES or not all(v.dtype == w.dtype and v.is_contiguous() for v in weights):
+    if w.dtype not in DTYPES or not all(v.dtype == w.dtype for v in weights):
         return None
-    return Matrices(DENSE, [(w,) for w in weights], [w.shape[0] for w in weights], weights[0].shape[1], bias,
-                    wdt=DTYPES[weights[0].dtype])
+    return Matrices(DENSE, [(pack_dense(v),) for v in weights], [v.shape[0] for v in weights], w.shape[1], bias,
+                    wdt=DTYPES[w.dtype])
 
 
 def matmul(x: torch.Tensor, mats: Matrices) -> torch.Tensor:

@@ -4,9 +4,8 @@ Most checkpoints are stored in bf16, and speclite runs float32 on the CPU by def
 widens every weight to 4 bytes though each value is a bf16 one. The CPU kernels (cpu_gemm) take
 bf16 and f16 weights under fp32 activations: they widen them in registers, which is exact, and
 multiply in fp32 as they do fp32 weights. So a dense linear whose values all survive the round trip
-to a 16-bit type is stored in it: on AVX-512 builds the products are the fp32 weights' bit for bit
-(the same tiles, only the load widens); AVX2 sums bf16 weights in another order (gemm.h, halves),
-fp32 all the same. A decode step then streams half the bytes (plain decoding on an AMX Xeon: the
+to a 16-bit type is stored in it: the products are the fp32 weights' bit for bit on every ISA path
+(one sum over K in order, only the load widens; gemm.h, Dense). A decode step then streams half the bytes (plain decoding on an AMX Xeon: the
 embedded pair 1.63x, a bf16 Qwen2.5-0.5B-shaped checkpoint run in float32 1.83x; RESULTS.md).
 
 Only speclite's dense `Linear` (its forward casts for torch's ops where the kernels do not run) and

@@ -12,8 +12,9 @@
 //   int8  repacked at load (layout at Int8 below), a per-channel scale (W8A8): activations quantized
 //         per row to int8, integer dot products.
 //   dense fp32, or bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C),
-//         fp32 FMAs. AVX-512: bf16 weights times bf16 activations by vdpbf16ps (pairs multiplied
-//         exactly, accumulated in fp32).
+//         repacked at load into panels of 16 columns (layout at Dense below), fp32 FMAs. AVX-512:
+//         bf16 weights times bf16 activations by vdpbf16ps (pairs multiplied exactly, accumulated in
+//         fp32).
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
 //
 // Exactness: the arithmetic of output (m, n) is the same sequence of operations whatever M is and
@@ -605,13 +606,76 @@ struct Int8 {
     }
 };
 
-// ---- bf16 / f16 ------------------------------------------------------------------------------
+// ---- fp32 / bf16 / f16 -----------------------------------------------------------------------
+//
+// Repacked at load (pack_dense) into panels of 16 output columns, N padded with zero columns:
+// fp32 and f16 weights [N / 16][K][16], one value of K for the panel's 16 columns in one run; bf16
+// [N / 16][K' / 2][16][2] (K' = K rounded up to even, the pad a zero), each 32-bit lane one column's
+// pair of consecutive values of K: the order vdpbf16ps reads, and one shift (the even value) or one
+// mask (the odd one) widens a pair's half to fp32. A tile broadcasts each of its rows' activations
+// against its panels' values: output (m, n) is one fp32 sum over k = 0, 1, ..., K - 1 in that order
+// (fused multiply-adds; vdpbf16ps a pair at a time), whatever the tile, and the same on the AVX2 and
+// AVX-512 paths; no horizontal sums. The dot-product tiles these replaced (rows of w against rows of
+// x, 16 partial sums and a reduction per output) multiplied many rows at about half this rate
+// (benchmarks/RESULTS.md, 2026-11-26), though their pairwise sums carried 3-7x less rounding error
+// (fp32, K = 256-4864; still ~1e-6 of the result).
+
+#if defined(__AVX512F__)
+// 16 fp32 lanes: one register per panel row.
+struct PanelVec {
+    using V = __m512;
+    static constexpr int L = 16;
+    static V zero() { return _mm512_setzero_ps(); }
+    static V set1(float v) { return _mm512_set1_ps(v); }
+    static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+    static V f32(const float *p) { return _mm512_loadu_ps(p); }
+    static V f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+    // L pairs of bf16 at p: their first values, or their second ones, as fp32.
+    static V even(const uint16_t *p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16)); }
+    static V odd(const uint16_t *p) {
+        return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32((int)0xFFFF0000u)));
+    }
+    static void store(void *y, int dt, V v) {
+        if (dt == F32) return _mm512_storeu_ps(y, v);
+        if (dt == F16) return _mm256_storeu_si256((__m256i *)y, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        __m512i u = _mm512_castps_si512(v);  // store()'s rounding to bf16, lane by lane
+        u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+        _mm256_storeu_si256((__m256i *)y, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+    }
+};
+#else
+// 8 fp32 lanes: two registers per panel row.
+struct PanelVec {
+    using V = __m256;
+    static constexpr int L = 8;
+    static V zero() { return _mm256_setzero_ps(); }
+    static V set1(float v) { return _mm256_set1_ps(v); }
+    static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+    static V f32(const float *p) { return _mm256_loadu_ps(p); }
+    static V f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+    static V even(const uint16_t *p) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)p), 16)); }
+    static V odd(const uint16_t *p) {
+        return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi32((int)0xFFFF0000u)));
+    }
+    static void store(void *y, int dt, V v) {
+        if (dt == F32) return _mm256_storeu_ps((float *)y, v);
+        if (dt == F16) return _mm_storeu_si128((__m128i *)y, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        __m256i u = _mm256_castps_si256(v);
+        u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+        u = _mm256_srli_epi32(u, 16);
+        _mm_storeu_si128((__m128i *)y, _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+    }
+};
+#endif
 
 struct Dense {
-    const float *x;  // [M, K] fp32 (null where the activations stay bf16 in xr: dot_bf16, or halves with dt bf16;
-                     // with halves otherwise each 16-block's even-indexed values, then its odd ones)
+    using PV = PanelVec;
+    using V = PV::V;
+    static constexpr int VP = 16 / PV::L;  // registers per panel row
+
+    const float *x;  // [M, K] fp32 activations (null on the pairs path, dot_bf16: bf16 ones in xr)
     const void *xr;  // [M, K] the activations as they came, of dtype dt
-    const void *w;   // [N, K] fp32, bf16 or f16
+    const void *w;   // the panels (above), dtype wdt
     void *y;         // [M, ldy], this matrix's N columns from column y0
     int dt, wdt, N, K, ldy, y0;
     bool prefetch;   // whether a row chunk's first tile prefetches the weights (see PREFETCH_ONE_ROW)
@@ -627,255 +691,177 @@ struct Dense {
 #endif
     }
 
-    // Whether bf16 weights take the AVX2 tiles by halves (tile_halves).
-    static bool halves(int wdt) {
-#if defined(__AVX512F__)
-        (void)wdt;
-        return false;
-#else
-        return wdt == BF16;
-#endif
-    }
+    // Values in one panel: 16 per value of K (K rounded up to even for bf16's pairs).
+    int64_t panel_values() const { return (int64_t)16 * (wdt == BF16 ? (K + 1) / 2 * 2 : K); }
 
-    // Rows m0.., columns n0 + j * step (j < NR).
-    template <int MR, int NR>
-    void tile(int m0, int n0, int step = 1) const {
-#if defined(__AVX512F__)
-        if (dot_bf16(dt, wdt)) return tile_bf16<MR, NR>(m0, n0, step);
-#else
-        if (wdt == BF16) return x ? tile_halves<MR, NR, false>(m0, n0, step) : tile_halves<MR, NR, true>(m0, n0, step);
-#endif
-        if (wdt == BF16)
-            tile_of<MR, NR, BF16>(m0, n0, step);
-        else if (wdt == F16)
-            tile_of<MR, NR, F16>(m0, n0, step);
-        else
-            tile_of<MR, NR, F32>(m0, n0, step);
-    }
-
-#if !defined(__AVX512F__)
-    // bf16 weights, 16 values of K a step taken as two halves, the block's even-indexed values and
-    // then its odd ones: one 32-byte load holds both, a 16-bit shift widens the even ones to fp32 and
-    // a mask the odd ones, one instruction per 8 weights where a zero-extension and a shift take two
-    // (the shuffle port they share with the FMAs was the tile's limit: 1.15x at 128 rows,
-    // benchmarks/RESULTS.md). bf16 activations (XBF16) are read the same way, so nothing is widened
-    // into a copy; others come as fp32 copies in the halves' order (x). Tails past K / 16 * 16 add
-    // in scalar after the sum, as in tile_of.
-    template <int MR, int NR, bool XBF16>
-    void tile_halves(int m0, int n0, int step) const {
+    // Rows m0 .. m0 + MR - 1 against panels p0 .. p0 + NP - 1.
+    template <int MR, int NP>
+    void tile(int m0, int p0) const {
         const bool streams = prefetch && m0 % chunk == 0;
-        const uint16_t *wr[NR];
-        const char *xm[MR];
-        for (int j = 0; j < NR; j++) wr[j] = (const uint16_t *)w + (int64_t)(n0 + j * step) * K;
-        for (int i = 0; i < MR; i++) xm[i] = XBF16 ? (const char *)xr + (int64_t)(m0 + i) * K * 2 : (const char *)(x + (int64_t)(m0 + i) * K);
-        __m256 acc[MR][NR];
+#if defined(__AVX512BF16__)
+        if (dot_bf16(dt, wdt)) return streams ? tile_pairs<MR, NP, true>(m0, p0) : tile_pairs<MR, NP, false>(m0, p0);
+#endif
+        if (wdt == BF16) return streams ? tile_of<MR, NP, BF16, true>(m0, p0) : tile_of<MR, NP, BF16, false>(m0, p0);
+        if (wdt == F16) return streams ? tile_of<MR, NP, F16, true>(m0, p0) : tile_of<MR, NP, F16, false>(m0, p0);
+        return streams ? tile_of<MR, NP, F32, true>(m0, p0) : tile_of<MR, NP, F32, false>(m0, p0);
+    }
+
+    // The panels' values of K index k (bf16: of the pair k / 2) start PF bytes of prefetch ahead of
+    // each stream, once per 64-byte line.
+    template <int NP, int WDT>
+    static inline __attribute__((always_inline)) void prefetch_at(const char *const *wp, int k) {
+        constexpr int ES = WDT == F32 ? 4 : 2;
+        if (WDT == F16 && k % 2) return;
+        for (int j = 0; j < NP; j++) _mm_prefetch(wp[j] + (int64_t)k * 16 * ES + PREFETCH_ROWS, _MM_HINT_T0);
+    }
+
+    // fp32 activations against fp32, f16 or bf16 panels: fp32 FMAs, the weights widened in registers.
+    // The stores write the N - 16 p valid columns of a last panel one by one.
+    template <int MR, int NP, int WDT, bool PF>
+    void tile_of(int m0, int p0) const {
+        constexpr int ES = WDT == F32 ? 4 : 2;
+        const char *wp[NP];
+        for (int j = 0; j < NP; j++) wp[j] = (const char *)w + (p0 + j) * panel_values() * ES;
+        const float *xm[MR];
+        for (int i = 0; i < MR; i++) xm[i] = x + (int64_t)(m0 + i) * K;
+        V acc[MR][NP * VP];
         for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
-        const __m256i odd = _mm256_set1_epi32((int)0xFFFF0000u);
-        auto half = [&](const uint16_t *p, bool even) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)p);
-            return _mm256_castsi256_ps(even ? _mm256_slli_epi32(v, 16) : _mm256_and_si256(v, odd));
+            for (int c = 0; c < NP * VP; c++) acc[i][c] = PV::zero();
+        auto step = [&](int k, auto widen) __attribute__((always_inline)) {
+            V wv[NP * VP];
+            for (int j = 0; j < NP; j++)
+                for (int v = 0; v < VP; v++) wv[j * VP + v] = widen(wp[j], v);
+            for (int i = 0; i < MR; i++) {
+                const V xv = PV::set1(xm[i][k]);
+                for (int c = 0; c < NP * VP; c++) acc[i][c] = PV::fma(wv[c], xv, acc[i][c]);
+            }
         };
-        const int K16 = K & ~15;
-        for (int k = 0; k < K16; k += 16) {
-            for (int h = 0; h < 2; h++) {
-                __m256 wv[NR];
-                for (int j = 0; j < NR; j++) {
-                    if (h == 0 && streams && k % 32 == 0) _mm_prefetch((const char *)(wr[j] + k) + PREFETCH_ROWS, _MM_HINT_T0);
-                    wv[j] = half(wr[j] + k, h == 0);
-                }
-                for (int i = 0; i < MR; i++) {
-                    const __m256 xv = XBF16 ? half((const uint16_t *)xm[i] + k, h == 0) : _mm256_loadu_ps((const float *)xm[i] + k + 8 * h);
-                    for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
-                }
+        if constexpr (WDT == BF16) {
+            int k = 0;
+            for (; k + 1 < K; k += 2) {
+                if (PF) prefetch_at<NP, WDT>(wp, k);
+                const int64_t off = (int64_t)k * 16;  // the pair's first half-word
+                step(k, [&](const char *p, int v) { return PV::even((const uint16_t *)p + off + 2 * PV::L * v); });
+                step(k + 1, [&](const char *p, int v) { return PV::odd((const uint16_t *)p + off + 2 * PV::L * v); });
             }
-        }
-        float sums[MR * NR];
-        for (int r = 0; r < MR * NR; r += 8) hsums(&acc[0][0] + r, std::min(8, MR * NR - r), sums + r);
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) {
-                float tail = 0.f;
-                for (int k = K16; k < K; k++)
-                    tail += to_float(wr[j], BF16, k) * (XBF16 ? to_float(xm[i], BF16, k) : ((const float *)xm[i])[k]);
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, sums[i * NR + j] + tail);
-            }
-    }
-
-    // The weights' dtype a constant: no branch in the inner loop. Only the first tile of a row chunk
-    // prefetches: it streams the weights from memory, the chunk's other tiles find them in cache.
-    template <int MR, int NR, int WDT>
-    void tile_of(int m0, int n0, int step) const {
-        const bool streams = prefetch && m0 % chunk == 0;
-        __m256 acc[MR][NR];
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
-        const int K8 = K & ~7;
-        for (int k = 0; k < K8; k += 8) {
-            __m256 wv[NR];
-            for (int j = 0; j < NR; j++) {
-                const int64_t at = (int64_t)(n0 + j * step) * K + k;
-                if (streams && k % 32 == 0) _mm_prefetch((const char *)w + at * (WDT == F32 ? 4 : 2) + PREFETCH_ROWS, _MM_HINT_T0);
-                wv[j] = load8(w, WDT, at);
-            }
-            for (int i = 0; i < MR; i++) {
-                const __m256 xv = _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k);
-                for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
-            }
-        }
-        float sums[MR * NR];
-        for (int r = 0; r < MR * NR; r += 8) hsums(&acc[0][0] + r, std::min(8, MR * NR - r), sums + r);
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) {
-                float tail = 0.f;
-                for (int k = K8; k < K; k++) tail += to_float(w, WDT, (int64_t)(n0 + j * step) * K + k) * x[(int64_t)(m0 + i) * K + k];
-                store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, sums[i * NR + j] + tail);
-            }
-    }
-#else
-    // AVX-512 tiles: S::W values of K a step into 16 fp32 lanes (FmaStep: fp32 FMAs, the weights
-    // widened in registers; Bf16Step: vdpbf16ps, each lane adding two exact products), the K % W
-    // tail loading zeros past the row's end; one reduction at the end, in a fixed order. The tail
-    // and the prefetching are template arguments: with either decided inside the loop, GCC 12 kept
-    // the accumulators in memory, 2.5x slower.
-    template <int MR, int NR, class S>
-    void tile_zmm(int m0, int n0, int step, const void *xs) const {
-        const char *xm[MR], *wr[NR];  // the tile's rows of activations and of weights
-        for (int i = 0; i < MR; i++) xm[i] = (const char *)xs + (int64_t)(m0 + i) * K * S::XES;
-        for (int j = 0; j < NR; j++) wr[j] = (const char *)w + (int64_t)(n0 + j * step) * K * S::WES;
-        __m512 acc[MR][NR];
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
-        const int KW = K / S::W * S::W;
-        if (prefetch && m0 % chunk == 0) {  // the chunk's first tile streams the weights from memory
-            for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, true, false>(wr, xm, k, 0, acc);
+            if (k < K) step(k, [&](const char *p, int v) { return PV::even((const uint16_t *)p + (int64_t)k * 16 + 2 * PV::L * v); });
         } else {
-            for (int k = 0; k < KW; k += S::W) S::template run<MR, NR, false, false>(wr, xm, k, 0, acc);
+            for (int k = 0; k < K; k++) {
+                if (PF) prefetch_at<NP, WDT>(wp, k);
+                const int64_t off = (int64_t)k * 16;
+                if constexpr (WDT == F32)
+                    step(k, [&](const char *p, int v) { return PV::f32((const float *)p + off + PV::L * v); });
+                else
+                    step(k, [&](const char *p, int v) { return PV::f16((const uint16_t *)p + off + PV::L * v); });
+            }
         }
-        if (KW < K) S::template run<MR, NR, false, true>(wr, xm, KW, (typename S::Mask)((1ull << (K - KW)) - 1), acc);
-        float sums[MR * NR];
-        for (int r = 0; r < MR * NR; r += 16) hsums(&acc[0][0] + r, std::min(16, MR * NR - r), sums + r);
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0 + j * step, sums[i * NR + j]);
+        store_tile<MR, NP>(m0, p0, acc);
     }
 
-    template <int MR, int NR, int WDT>
-    void tile_of(int m0, int n0, int step) const { tile_zmm<MR, NR, FmaStep<WDT>>(m0, n0, step, x); }
-
-    template <int MR, int NR>
-    void tile_bf16(int m0, int n0, int step) const { tile_zmm<MR, NR, Bf16Step>(m0, n0, step, xr); }
-
-    // 16 values a step: fp32 activations, weights of dtype WDT widened to fp32, FMAs.
-    template <int WDT>
-    struct FmaStep {
-        static constexpr int W = 16, XES = 4, WES = WDT == F32 ? 4 : 2;
-        using Mask = __mmask16;
-
-        template <int MR, int NR, bool PREFETCH, bool TAIL>
-        static inline __attribute__((always_inline)) void run(const char *const *wr, const char *const *xm, int k,
-                                                              Mask live, __m512 (&acc)[MR][NR]) {
-            __m512 wv[NR];
-            for (int j = 0; j < NR; j++) {
-                if (PREFETCH && (WDT == F32 || k % 32 == 0)) _mm_prefetch(wr[j] + k * WES + PREFETCH_ROWS, _MM_HINT_T0);
-                wv[j] = load16<TAIL>(wr[j], k, live);
+#if defined(__AVX512BF16__)
+    // bf16 activations against bf16 panels: vdpbf16ps, a row's pair of activations broadcast against
+    // 16 columns' pairs of weights (an odd K's last pair holds a zero in both).
+    template <int MR, int NP, bool PF>
+    void tile_pairs(int m0, int p0) const {
+        const uint16_t *wp[NP];
+        for (int j = 0; j < NP; j++) wp[j] = (const uint16_t *)w + (p0 + j) * panel_values();
+        const uint16_t *xm[MR];
+        for (int i = 0; i < MR; i++) xm[i] = (const uint16_t *)xr + (int64_t)(m0 + i) * K;
+        __m512 acc[MR][NP];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NP; j++) acc[i][j] = _mm512_setzero_ps();
+        auto step = [&](int k, auto pair) __attribute__((always_inline)) {
+            __m512i wv[NP];
+            for (int j = 0; j < NP; j++) {
+                if (PF) _mm_prefetch((const char *)(wp[j] + (int64_t)k * 16) + PREFETCH_ROWS, _MM_HINT_T0);
+                wv[j] = _mm512_loadu_si512(wp[j] + (int64_t)k * 16);
             }
             for (int i = 0; i < MR; i++) {
-                const float *x = (const float *)xm[i] + k;
-                const __m512 xv = TAIL ? _mm512_maskz_loadu_ps(live, x) : _mm512_loadu_ps(x);
-                for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+                const __m512i xv = _mm512_set1_epi32(pair(xm[i] + k));
+                for (int j = 0; j < NP; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[j], (__m512bh)xv);
             }
-        }
-
-        // Values i..i+15 of w widened to fp32; the tail's lanes outside `live` are zero.
-        template <bool TAIL>
-        static inline __m512 load16(const void *w, int64_t i, Mask live) {
-            if (WDT == F32) return TAIL ? _mm512_maskz_loadu_ps(live, (const float *)w + i) : _mm512_loadu_ps((const float *)w + i);
-            const uint16_t *h = (const uint16_t *)w + i;
-            const __m256i v = TAIL ? _mm256_maskz_loadu_epi16(live, h) : _mm256_loadu_si256((const __m256i *)h);
-            if (WDT == F16) return _mm512_cvtph_ps(v);
-            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-        }
-    };
-
-    // 32 values a step: bf16 weights and activations in vdpbf16ps.
-    struct Bf16Step {
-        static constexpr int W = 32, XES = 2, WES = 2;
-        using Mask = __mmask32;
-
-        template <int MR, int NR, bool PREFETCH, bool TAIL>
-        static inline __attribute__((always_inline)) void run(const char *const *wr, const char *const *xm, int k,
-                                                              Mask live, __m512 (&acc)[MR][NR]) {
-            __m512i wv[NR];
-            for (int j = 0; j < NR; j++) {
-                const uint16_t *p = (const uint16_t *)wr[j] + k;
-                if (PREFETCH) _mm_prefetch((const char *)p + PREFETCH_ROWS, _MM_HINT_T0);
-                wv[j] = TAIL ? _mm512_maskz_loadu_epi16(live, p) : _mm512_loadu_si512(p);
-            }
-            for (int i = 0; i < MR; i++) {
-                const uint16_t *x = (const uint16_t *)xm[i] + k;
-                const __m512i xv = TAIL ? _mm512_maskz_loadu_epi16(live, x) : _mm512_loadu_si512(x);
-                for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[j], (__m512bh)xv);
-            }
-        }
-    };
+        };
+        int k = 0;
+        for (; k + 1 < K; k += 2)
+            step(k, [](const uint16_t *p) {
+                int32_t v;
+                memcpy(&v, p, 4);
+                return v;
+            });
+        if (k < K) step(k, [](const uint16_t *p) { return (int32_t)*p; });
+        store_tile<MR, NP>(m0, p0, acc);
+    }
 #endif
+
+    template <int MR, int NP>
+    void store_tile(int m0, int p0, const V (&acc)[MR][NP * VP]) const {
+        for (int j = 0; j < NP; j++) {
+            const int n0 = (p0 + j) * 16, valid = std::min(16, N - n0);
+            for (int i = 0; i < MR; i++) {
+                char *row = at(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0);
+                if (valid == 16) {
+                    for (int v = 0; v < VP; v++) PV::store(at(row, dt, v * PV::L), dt, acc[i][j * VP + v]);
+                } else {
+                    alignas(64) float out[16];
+                    for (int v = 0; v < VP; v++) memcpy(out + v * PV::L, &acc[i][j * VP + v], sizeof(V));
+                    for (int c = 0; c < valid; c++) store(row, dt, c, out[c]);
+                }
+            }
+        }
+    }
 };
 
-// Instantiates kernel.tile<mr, nr> for the run-time tile size (mr <= MR, nr in {1, NR}), columns
-// n + j * step.
-template <int MR, int NR, class K>
-inline void dispatch(const K &k, int m, int mr, int n, int nr, int step) {
+// kernel.tile<mr, NP> for mr <= MR rows.
+template <int MR, int NP>
+inline void tile_rows(const Dense &k, int m, int mr, int p) {
     if constexpr (MR > 1) {
-        if (mr < MR) return dispatch<MR - 1, NR>(k, m, mr, n, nr, step);
+        if (mr < MR) return tile_rows<MR - 1, NP>(k, m, mr, p);
     }
-    if constexpr (NR > 1) {
-        if (nr < NR) return dispatch<MR, 1>(k, m, mr, n, nr, step);
-    }
-    k.template tile<MR, NR>(m, n, step);
+    k.template tile<MR, NP>(m, p);
 }
 
-// A tile takes one column from each of NR equal parts of the thread's range, so the thread reads NR
-// long sequential weight streams (consecutive weight rows are adjacent) instead of NR short
-// interleaved ones the prefetchers lose track of. One or two rows (a decode step, a short
-// verification): 6 columns in flight (faster than 4 where the weights sit in the L3, as the embedded
-// pair's do; even from DRAM; 8 or 12 slower on AVX-512 too). More rows: 4 x 3 tiles with AVX2's 16
-// registers (measured best of 4x2, 4x3, 3x4, 5x2), 6 x 4 with AVX-512's 32 (with 4 x 6, 5 x 5 and
-// 4 x 4 within the noise, 3 x 8 and 8 x 3 slower), each chunk of rows reusing the weights its first
-// tile streamed in. AVX2's bf16 tiles by halves hold a mask beside them: 2 x 3 for two rows (2 x 4
-// and 2 x 6 slower), 5 x 2 in chunks of 30 rows for more (3 x 3 close; 4 x 2, 6 x 2 and 2 x 5
-// slower). Tiles only share loads: the numbers are those of any other tiling.
-template <int MR, int NR>
-inline void run_parts(const Dense &k, int M, int n0, int n1) {
-    const int q = (n1 - n0 + NR - 1) / NR;
+// One row against panels [p0, p1): NP panels at a time (NP independent sums per lane), fewer at the end.
+template <int NP>
+inline void one_row(const Dense &k, int p0, int p1) {
+    int p = p0;
+    for (; p + NP <= p1; p += NP) k.template tile<1, NP>(0, p);
+    if constexpr (NP > 1) {
+        if (p < p1) one_row<NP - 1>(k, p, p1);
+    }
+}
+
+// Rows in chunks (a chunk's first tile streams the weights, its other tiles find them in cache) against
+// panels [p0, p1), NP at a time, MR rows a tile.
+template <int MR, int NP>
+inline void many_rows(const Dense &k, int M, int p0, int p1) {
     for (int c0 = 0; c0 < M; c0 += k.chunk) {
         const int c1 = std::min(c0 + k.chunk, M);
-        for (int i = 0; i < q; i++) {
-            const bool whole = n0 + i + (NR - 1) * q < n1;
-            for (int m = c0; m < c1; m += MR) {
-                if (whole)
-                    dispatch<MR, NR>(k, m, std::min(MR, c1 - m), n0 + i, NR, q);
-                else
-                    for (int n = n0 + i; n < n1; n += q) dispatch<MR, NR>(k, m, std::min(MR, c1 - m), n, 1, q);
-            }
-        }
+        int p = p0;
+        for (; p + NP <= p1; p += NP)
+            for (int m = c0; m < c1; m += MR) tile_rows<MR, NP>(k, m, std::min(MR, c1 - m), p);
+        for (; p < p1; p++)
+            for (int m = c0; m < c1; m += MR) tile_rows<MR, 1>(k, m, std::min(MR, c1 - m), p);
     }
 }
 
-inline void run_columns(const Dense &k, int M, int n0, int n1) {
-    if (M == 1) return run_parts<1, 6>(k, M, n0, n1);
-    if (M == 2) return Dense::halves(k.wdt) ? run_parts<2, 3>(k, M, n0, n1) : run_parts<2, 6>(k, M, n0, n1);
-    Dense chunked = k;
+// Tile sizes (benchmarks/RESULTS.md, 2026-11-26): one row takes 4 panels at a time (AVX-512: 4 sums
+// in flight a lane; AVX2: 8 registers): the embedded pair's plain decoding 1.07x the row-major tiles,
+// a bf16 Qwen2.5-0.5B shape even with them, where 6 and 8 panels (more streams) were 0.98x and 0.96x.
+// It prefetches as the row-major tiles did (PREFETCH_ONE_ROW); more rows always do. 2-4 rows take 4
+// panels (AVX2: 2-3 rows 2 panels); more rows 12 x 2 panels in AVX-512's 32 registers (8 x 2 and 6 x 4
+// slower in a C harness), AVX2's 6 x 1 in its 16.
+inline void run_panels(const Dense &k, int M, int p0, int p1) {
+    if (M == 1) return one_row<4>(k, p0, p1);
     const int64_t row_bytes = (int64_t)k.K * (k.x ? 4 : 2);
+    Dense chunked = k;
 #if defined(__AVX512F__)
-    chunked.chunk = chunk_rows(M, row_bytes, 6);
-    run_parts<6, 4>(chunked, M, n0, n1);
+    if (M <= 4) return many_rows<4, 4>(k, M, p0, p1);
+    chunked.chunk = chunk_rows(M, row_bytes, 12);
+    many_rows<12, 2>(chunked, M, p0, p1);
 #else
-    if (Dense::halves(k.wdt)) {
-        chunked.chunk = chunk_rows(M, row_bytes, 5);
-        run_parts<5, 2>(chunked, M, n0, n1);
-    } else {
-        chunked.chunk = chunk_rows(M, row_bytes, 4);
-        run_parts<4, 3>(chunked, M, n0, n1);
-    }
+    if (M <= 3) return many_rows<3, 2>(k, M, p0, p1);
+    chunked.chunk = chunk_rows(M, row_bytes, 6);
+    many_rows<6, 1>(chunked, M, p0, p1);
 #endif
 }
 
@@ -887,7 +873,7 @@ enum Kind { DENSE = 0, INT4 = 1, INT8 = 2 };
 // projections, or its gate and up. Mirrored by cpu_gemm.Matrices.
 struct Matrices {
     int kind, parts;
-    const void *const *w;       // per part: dense [N, K] (dtype wdt), or as pack_int4 / pack_int8 leave it
+    const void *const *w;       // per part: as pack_dense (dtype wdt), pack_int4 or pack_int8 leave it
     const void *const *scales;  // int4: fp16 [N / 8, G, 8]; int8: fp32 [N]
     const void *const *zeros;   // int4: uint8 [N / 8, G, 8]
     const int *ns;              // per part: output columns
@@ -913,19 +899,21 @@ inline void reserve(Scratch &sc, const Matrices &mt, int M) {
     grow(sc.s, (size_t)M * nb);
 }
 
-// For the packed formats (8 columns per group): run(p, y0, a, b) on the groups [a, b) of part p
-// (its output columns from y0) within thread t's share of all the parts' groups, then the bias.
+// For the packed formats (`width` columns per group: int4 and int8 8, the dense panels 16): run(p, y0,
+// a, b) on the groups [a, b) of part p (its output columns from y0) within thread t's share of all the
+// parts' groups, then the bias.
 template <class Run>
-inline void in_groups(const Matrices &mt, void *y, int dt, int M, int T, int t, Run run) {
+inline void in_groups(const Matrices &mt, void *y, int dt, int M, int T, int t, int width, Run run) {
+    auto count = [&](int p) { return (mt.ns[p] + width - 1) / width; };
     int groups = 0;
-    for (int p = 0; p < mt.parts; p++) groups += (mt.ns[p] + 7) / 8;
+    for (int p = 0; p < mt.parts; p++) groups += count(p);
     int g0, g1;
     split(groups, 1, T, t, g0, g1);
-    for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += (mt.ns[p] + 7) / 8, y0 += mt.ns[p++]) {
-        const int a = std::max(g0, first) - first, b = std::min(g1, first + (mt.ns[p] + 7) / 8) - first;
+    for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += count(p), y0 += mt.ns[p++]) {
+        const int a = std::max(g0, first) - first, b = std::min(g1, first + count(p)) - first;
         if (a >= b) continue;
         run(p, y0, a, b);
-        if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * 8, y0 + std::min(b * 8, mt.ns[p]));
+        if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * width, y0 + std::min(b * width, mt.ns[p]));
     }
 }
 
@@ -948,7 +936,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             }
         }
         sc.barrier.wait(T);
-        in_groups(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
+        in_groups(mt, y, dt, M, T, t, 8, [&](int p, int y0, int a, int b) {
             const Int4 k4{sc.q.data(), sc.a.data(), sc.b.data(), (const uint8_t *)mt.w[p], (const uint16_t *)mt.scales[p],
                           (const uint8_t *)mt.zeros[p], y, dt, mt.ns[p], Kp, nb, G, bpg, mt.n, y0};
             k4.run(M, a, b);
@@ -957,41 +945,26 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         const int Kp = (K + 31) / 32 * 32;
         for (int m = m0; m < m1; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
         sc.barrier.wait(T);
-        in_groups(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
+        in_groups(mt, y, dt, M, T, t, 8, [&](int p, int y0, int a, int b) {
             const Int8 k8{sc.q.data(), sc.a.data(), sc.s.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt,
                           mt.ns[p], Kp, mt.n, y0};
             k8.run(M, a, b);
         });
     } else {
-        // fp32 activations are read in place, bf16 ones meeting bf16 weights (vdpbf16ps, or AVX2's tiles
-        // by halves) too; others are widened once (into the halves' order for bf16 weights), and the
-        // team waits for it.
+        // fp32 activations are read in place, bf16 ones meeting bf16 weights in vdpbf16ps too; others are
+        // widened to fp32 once, and the team waits for it.
         const float *xf = (const float *)x;
-        if (Dense::dot_bf16(dt, mt.wdt) || (Dense::halves(mt.wdt) && dt == BF16)) {
+        if (Dense::dot_bf16(dt, mt.wdt)) {
             xf = nullptr;
-        } else if (Dense::halves(mt.wdt)) {
-            const int K16 = K & ~15;
-            for (int m = m0; m < m1; m++)
-                for (int i = 0; i < K; i++) {
-                    const int to = i < K16 ? (i & ~15) + (i & 1) * 8 + (i & 15) / 2 : i;  // even-indexed first
-                    sc.a[(int64_t)m * K + to] = to_float(x, dt, (int64_t)m * K + i);
-                }
-            sc.barrier.wait(T);
-            xf = sc.a.data();
         } else if (dt != F32) {
             for (int m = m0; m < m1; m++)
                 for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
             sc.barrier.wait(T);
             xf = sc.a.data();
         }
-        int c0, c1;
-        split(mt.n, 4, T, t, c0, c1);
-        for (int p = 0, first = 0; p < mt.parts; first += mt.ns[p++]) {
-            const int a = std::max(c0, first) - first, b = std::min(c1, first + mt.ns[p]) - first;
-            if (a >= b) continue;
-            run_columns(Dense{xf, x, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, first, M > 1 || PREFETCH_ONE_ROW}, M, a, b);
-            if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, first + a, first + b);
-        }
+        in_groups(mt, y, dt, M, T, t, 16, [&](int p, int y0, int a, int b) {
+            run_panels(Dense{xf, x, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, y0, M > 1 || PREFETCH_ONE_ROW}, M, a, b);
+        });
     }
     sc.barrier.wait(T);
 }
