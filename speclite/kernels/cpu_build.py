@@ -8,8 +8,8 @@ SPECLITE_CPU_KERNELS=0, a library is None and callers keep torch's ops.
 One ISA path serves the whole process, picked at run time from the CPU's flags (`isa()`): `amx`
 where the CPU also has AMX tiles with int8 (Sapphire Rapids and later: the integer products of many
 rows in tile multiplies, the rest as avx512; where the kernel refuses the process AMX's state, the
-avx512 code of the same build runs), `avx512` where it has AVX-512 F/BW/VL with VNNI and BF16 (Zen 4
-and later: integer dot products in one vpdpbusd, bf16 ones in one vdpbf16ps), else `avx2`. The sources are
+avx512 code of the same build runs), `avx512` where it has AVX-512 F/BW/VL with VNNI (Intel since
+Cascade Lake, AMD Zen 4 and later: integer dot products in one vpdpbusd), else `avx2`. The sources are
 the same; the build's flags decide which code each kernel compiles to. SPECLITE_CPU_ISA=avx512 or
 avx2 caps it, so an AMX or AVX-512 machine runs (and tests) the lesser paths' kernels.
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 
 SOURCES = Path(__file__).parent / "cpu"
 # ISA path -> (CPU flags it needs, compiler flags), best first.
-_AVX512 = ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"},
-           ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16"))
+_AVX512 = ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+           ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"))
 ISAS = {
     "amx": (_AVX512[0] | {"amx_tile", "amx_int8"}, _AVX512[1] + ("-mamx-tile", "-mamx-int8")),
     "avx512": _AVX512,

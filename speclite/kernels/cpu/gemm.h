@@ -12,9 +12,7 @@
 //   int8  repacked at load (layout at Int8 below), a per-channel scale (W8A8): activations quantized
 //         per row to int8, integer dot products.
 //   dense fp32, or bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C),
-//         repacked at load into panels of 16 columns (layout at Dense below), fp32 FMAs. AVX-512:
-//         bf16 weights times bf16 activations by vdpbf16ps (pairs multiplied exactly, accumulated in
-//         fp32).
+//         repacked at load into panels of 16 columns (layout at Dense below), fp32 FMAs.
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
 //
 // Exactness: the arithmetic of output (m, n) is the same sequence of operations whatever M is and
@@ -611,11 +609,11 @@ struct Int8 {
 // Repacked at load (pack_dense) into panels of 16 output columns, N padded with zero columns:
 // fp32 and f16 weights [N / 16][K][16], one value of K for the panel's 16 columns in one run; bf16
 // [N / 16][K' / 2][16][2] (K' = K rounded up to even, the pad a zero), each 32-bit lane one column's
-// pair of consecutive values of K: the order vdpbf16ps reads, and one shift (the even value) or one
-// mask (the odd one) widens a pair's half to fp32. A tile broadcasts each of its rows' activations
-// against its panels' values: output (m, n) is one fp32 sum over k = 0, 1, ..., K - 1 in that order
-// (fused multiply-adds; vdpbf16ps a pair at a time), whatever the tile, and the same on the AVX2 and
-// AVX-512 paths; no horizontal sums. The dot-product tiles these replaced (rows of w against rows of
+// pair of consecutive values of K, so one shift (the even value) or one mask (the odd one) widens 16
+// (AVX2: 8) of them to fp32 without the shuffle port. Activations are fp32 (others widened once per
+// call). A tile broadcasts each of its rows' activations against its panels' values: output (m, n) is
+// one fp32 sum over k = 0, 1, ..., K - 1 in that order (fused multiply-adds), whatever the tile, and
+// the same on the AVX2 and AVX-512 paths; no horizontal sums. The dot-product tiles these replaced (rows of w against rows of
 // x, 16 partial sums and a reduction per output) multiplied many rows at about half this rate
 // (benchmarks/RESULTS.md, 2026-11-26), though their pairwise sums carried 3-7x less rounding error
 // (fp32, K = 256-4864; still ~1e-6 of the result).
@@ -673,23 +671,12 @@ struct Dense {
     using V = PV::V;
     static constexpr int VP = 16 / PV::L;  // registers per panel row
 
-    const float *x;  // [M, K] fp32 activations (null on the pairs path, dot_bf16: bf16 ones in xr)
-    const void *xr;  // [M, K] the activations as they came, of dtype dt
+    const float *x;  // [M, K] fp32 activations (others widened into a copy)
     const void *w;   // the panels (above), dtype wdt
     void *y;         // [M, ldy], this matrix's N columns from column y0
     int dt, wdt, N, K, ldy, y0;
     bool prefetch;   // whether a row chunk's first tile prefetches the weights (see PREFETCH_ONE_ROW)
     int chunk = ROW_CHUNK;  // rows per chunk: its first tile streams the weights, the others find them in cache
-
-    // Whether bf16 weights meet bf16 activations in vdpbf16ps (AVX-512 BF16) rather than fp32 FMAs.
-    static bool dot_bf16(int dt, int wdt) {
-#if defined(__AVX512BF16__)
-        return dt == BF16 && wdt == BF16;
-#else
-        (void)dt, (void)wdt;
-        return false;
-#endif
-    }
 
     // Values in one panel: 16 per value of K (K rounded up to even for bf16's pairs).
     int64_t panel_values() const { return (int64_t)16 * (wdt == BF16 ? (K + 1) / 2 * 2 : K); }
@@ -698,9 +685,6 @@ struct Dense {
     template <int MR, int NP>
     void tile(int m0, int p0) const {
         const bool streams = prefetch && m0 % chunk == 0;
-#if defined(__AVX512BF16__)
-        if (dot_bf16(dt, wdt)) return streams ? tile_pairs<MR, NP, true>(m0, p0) : tile_pairs<MR, NP, false>(m0, p0);
-#endif
         if (wdt == BF16) return streams ? tile_of<MR, NP, BF16, true>(m0, p0) : tile_of<MR, NP, BF16, false>(m0, p0);
         if (wdt == F16) return streams ? tile_of<MR, NP, F16, true>(m0, p0) : tile_of<MR, NP, F16, false>(m0, p0);
         return streams ? tile_of<MR, NP, F32, true>(m0, p0) : tile_of<MR, NP, F32, false>(m0, p0);
@@ -757,41 +741,6 @@ struct Dense {
         }
         store_tile<MR, NP>(m0, p0, acc);
     }
-
-#if defined(__AVX512BF16__)
-    // bf16 activations against bf16 panels: vdpbf16ps, a row's pair of activations broadcast against
-    // 16 columns' pairs of weights (an odd K's last pair holds a zero in both).
-    template <int MR, int NP, bool PF>
-    void tile_pairs(int m0, int p0) const {
-        const uint16_t *wp[NP];
-        for (int j = 0; j < NP; j++) wp[j] = (const uint16_t *)w + (p0 + j) * panel_values();
-        const uint16_t *xm[MR];
-        for (int i = 0; i < MR; i++) xm[i] = (const uint16_t *)xr + (int64_t)(m0 + i) * K;
-        __m512 acc[MR][NP];
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NP; j++) acc[i][j] = _mm512_setzero_ps();
-        auto step = [&](int k, auto pair) __attribute__((always_inline)) {
-            __m512i wv[NP];
-            for (int j = 0; j < NP; j++) {
-                if (PF) _mm_prefetch((const char *)(wp[j] + (int64_t)k * 16) + PREFETCH_ROWS, _MM_HINT_T0);
-                wv[j] = _mm512_loadu_si512(wp[j] + (int64_t)k * 16);
-            }
-            for (int i = 0; i < MR; i++) {
-                const __m512i xv = _mm512_set1_epi32(pair(xm[i] + k));
-                for (int j = 0; j < NP; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[j], (__m512bh)xv);
-            }
-        };
-        int k = 0;
-        for (; k + 1 < K; k += 2)
-            step(k, [](const uint16_t *p) {
-                int32_t v;
-                memcpy(&v, p, 4);
-                return v;
-            });
-        if (k < K) step(k, [](const uint16_t *p) { return (int32_t)*p; });
-        store_tile<MR, NP>(m0, p0, acc);
-    }
-#endif
 
     template <int MR, int NP>
     void store_tile(int m0, int p0, const V (&acc)[MR][NP * VP]) const {
@@ -951,19 +900,17 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             k8.run(M, a, b);
         });
     } else {
-        // fp32 activations are read in place, bf16 ones meeting bf16 weights in vdpbf16ps too; others are
-        // widened to fp32 once, and the team waits for it.
+        // fp32 activations are read in place; others are widened once (exact), and the team waits for
+        // it. bf16 ones meeting bf16 weights in vdpbf16ps instead (a pair of products a lane) ran 5-128 row
+        // products 1.3-1.7x slower than this on the AMX Xeon (benchmarks/RESULTS.md, 2026-11-26).
         const float *xf = (const float *)x;
-        if (Dense::dot_bf16(dt, mt.wdt)) {
-            xf = nullptr;
-        } else if (dt != F32) {
-            for (int m = m0; m < m1; m++)
-                for (int i = 0; i < K; i++) sc.a[(int64_t)m * K + i] = to_float(x, dt, (int64_t)m * K + i);
+        if (dt != F32) {
+            for (int m = m0; m < m1; m++) widen(x, dt, (int64_t)m * K, K, sc.a.data() + (int64_t)m * K);
             sc.barrier.wait(T);
             xf = sc.a.data();
         }
         in_groups(mt, y, dt, M, T, t, 16, [&](int p, int y0, int a, int b) {
-            run_panels(Dense{xf, x, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, y0, M > 1 || PREFETCH_ONE_ROW}, M, a, b);
+            run_panels(Dense{xf, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, y0, M > 1 || PREFETCH_ONE_ROW}, M, a, b);
         });
     }
     sc.barrier.wait(T);

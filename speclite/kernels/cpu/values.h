@@ -28,6 +28,22 @@ inline float to_float(const void *x, int dt, int64_t i) {
     return f;
 }
 
+// n values from i widened to fp32 into out (a loop per dtype, for the compiler to vectorize).
+inline void widen(const void *x, int dt, int64_t i, int n, float *out) {
+    if (dt == F32) {
+        memcpy(out, (const float *)x + i, (size_t)n * 4);
+    } else if (dt == F16) {
+        const uint16_t *h = (const uint16_t *)x + i;
+        int j = 0;
+        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
+        for (; j < n; j++) out[j] = _cvtsh_ss(h[j]);
+    } else {
+        const uint16_t *h = (const uint16_t *)x + i;
+        uint32_t *o = (uint32_t *)out;
+        for (int j = 0; j < n; j++) o[j] = (uint32_t)h[j] << 16;
+    }
+}
+
 // Values i..i+7 widened to fp32.
 inline __m256 load8(const void *x, int dt, int64_t i) {
     if (dt == F32) return _mm256_loadu_ps((const float *)x + i);
