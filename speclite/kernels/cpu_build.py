@@ -36,7 +36,10 @@ ISAS = {
     "avx2": ({"avx2", "fma", "f16c"}, ("-mavx2", "-mfma", "-mf16c")),
 }
 # -ffp-contract=off: the compiler may not fuse a multiply and an add differently in different tiles.
-FLAGS = ("-O3", "-pthread", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17")
+# -falign-loops=64: every loop starts a cache line, so a memory-bound loop's speed stops moving with
+# unrelated code around it (int4/int4 decode steps 0.90x when the dense panels were added to the same
+# source, 0.97x with the alignment; benchmarks/RESULTS.md, 2026-11-26).
+FLAGS = ("-O3", "-pthread", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-falign-loops=64")
 
 
 def runnable() -> list[str]:

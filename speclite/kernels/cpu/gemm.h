@@ -848,21 +848,20 @@ inline void reserve(Scratch &sc, const Matrices &mt, int M) {
     grow(sc.s, (size_t)M * nb);
 }
 
-// For the packed formats (`width` columns per group: int4 and int8 8, the dense panels 16): run(p, y0,
+// For the packed formats (WIDTH columns per group: int4 and int8 8, the dense panels 16): run(p, y0,
 // a, b) on the groups [a, b) of part p (its output columns from y0) within thread t's share of all the
 // parts' groups, then the bias.
-template <class Run>
-inline void in_groups(const Matrices &mt, void *y, int dt, int M, int T, int t, int width, Run run) {
-    auto count = [&](int p) { return (mt.ns[p] + width - 1) / width; };
+template <int WIDTH, class Run>
+inline void in_groups(const Matrices &mt, void *y, int dt, int M, int T, int t, Run run) {
     int groups = 0;
-    for (int p = 0; p < mt.parts; p++) groups += count(p);
+    for (int p = 0; p < mt.parts; p++) groups += (mt.ns[p] + WIDTH - 1) / WIDTH;
     int g0, g1;
     split(groups, 1, T, t, g0, g1);
-    for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += count(p), y0 += mt.ns[p++]) {
-        const int a = std::max(g0, first) - first, b = std::min(g1, first + count(p)) - first;
+    for (int p = 0, first = 0, y0 = 0; p < mt.parts; first += (mt.ns[p] + WIDTH - 1) / WIDTH, y0 += mt.ns[p++]) {
+        const int a = std::max(g0, first) - first, b = std::min(g1, first + (mt.ns[p] + WIDTH - 1) / WIDTH) - first;
         if (a >= b) continue;
         run(p, y0, a, b);
-        if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * width, y0 + std::min(b * width, mt.ns[p]));
+        if (mt.bias) add_bias(y, dt, mt.bias, M, mt.n, y0 + a * WIDTH, y0 + std::min(b * WIDTH, mt.ns[p]));
     }
 }
 
@@ -885,7 +884,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             }
         }
         sc.barrier.wait(T);
-        in_groups(mt, y, dt, M, T, t, 8, [&](int p, int y0, int a, int b) {
+        in_groups<8>(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
             const Int4 k4{sc.q.data(), sc.a.data(), sc.b.data(), (const uint8_t *)mt.w[p], (const uint16_t *)mt.scales[p],
                           (const uint8_t *)mt.zeros[p], y, dt, mt.ns[p], Kp, nb, G, bpg, mt.n, y0};
             k4.run(M, a, b);
@@ -894,7 +893,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         const int Kp = (K + 31) / 32 * 32;
         for (int m = m0; m < m1; m++) quantize_row(x, dt, m, K, Kp, Kp, sc.q.data() + (int64_t)m * Kp, &sc.a[m], &sc.s[m]);
         sc.barrier.wait(T);
-        in_groups(mt, y, dt, M, T, t, 8, [&](int p, int y0, int a, int b) {
+        in_groups<8>(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
             const Int8 k8{sc.q.data(), sc.a.data(), sc.s.data(), (const int8_t *)mt.w[p], (const float *)mt.scales[p], y, dt,
                           mt.ns[p], Kp, mt.n, y0};
             k8.run(M, a, b);
@@ -909,7 +908,7 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             sc.barrier.wait(T);
             xf = sc.a.data();
         }
-        in_groups(mt, y, dt, M, T, t, 16, [&](int p, int y0, int a, int b) {
+        in_groups<16>(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
             run_panels(Dense{xf, mt.w[p], y, dt, mt.wdt, mt.ns[p], K, mt.n, y0, M > 1 || PREFETCH_ONE_ROW}, M, a, b);
         });
     }
