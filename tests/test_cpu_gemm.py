@@ -293,6 +293,8 @@ def test_dense_panels_hold_each_weight_once_in_the_kernel_order():
         assert p.shape[0] == 3 and (p[2, :, 37 - 32:] == 0).all()
         if dtype == torch.bfloat16:
             assert p.shape[1:] == (6, 16, 2) and (p[:, 5, :, 1] == 0).all()
+        strided = torch.randn(16, 32).to(dtype).t()  # a transposed view, N = 32 and K = 16: nothing to pad
+        assert torch.equal(cpu_gemm.pack_dense(strided), cpu_gemm.pack_dense(strided.contiguous()))
 
 
 @needs_kernels

@@ -5,7 +5,7 @@ kernel), threads from torch.get_num_threads(). Weights are repacked once at load
 pack_int8, pack_dense; one layout for every ISA path); activations arrive in fp32, bf16 or f16 and the output
 has their dtype. A row's result does not depend on the other rows of the call (see the source),
 which keeps speculative decoding bit-identical to plain decoding. Built by cpu_build for the
-process's ISA path (AVX2, or AVX-512 with VNNI and BF16). `available()` is False without such a
+process's ISA path (AVX2, or AVX-512 with VNNI). `available()` is False without such a
 CPU or a compiler, or with SPECLITE_CPU_KERNELS=0: callers keep torch's ops.
 """
 
@@ -71,9 +71,9 @@ def pack_dense(w: torch.Tensor) -> torch.Tensor:
     w = torch.nn.functional.pad(w, (0, 0, 0, -n % 16))
     if w.dtype == torch.bfloat16:
         w = torch.nn.functional.pad(w, (0, k % 2))
-        w = w.view(-1, 16, w.shape[1] // 2, 2).transpose(1, 2)
+        w = w.reshape(-1, 16, w.shape[1] // 2, 2).transpose(1, 2)
     else:
-        w = w.view(-1, 16, k).transpose(1, 2)
+        w = w.reshape(-1, 16, k).transpose(1, 2)
     return _huge_empty(w.shape, w.dtype).copy_(w)
 
 
@@ -92,10 +92,10 @@ def _huge_empty(shape, dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     try:
         if nbytes > _CHUNK // 2:
-            buffer, start = _huge_mapping(nbytes), 0
+            buffer, start = huge_mapping(nbytes), 0
         else:
             if _chunk["buffer"] is None or _chunk["used"] + nbytes > _CHUNK:
-                _chunk.update(buffer=_huge_mapping(_CHUNK), used=0)
+                _chunk.update(buffer=huge_mapping(_CHUNK), used=0)
             buffer, start = _chunk["buffer"], _chunk["used"]
             _chunk["used"] += nbytes
     except OSError:
@@ -103,11 +103,14 @@ def _huge_empty(shape, dtype) -> torch.Tensor:
     return buffer[start:start + nbytes].view(dtype)[:torch.Size(shape).numel()].view(shape)
 
 
-def _huge_mapping(nbytes: int) -> torch.Tensor:
+def huge_mapping(nbytes: int) -> torch.Tensor:
+    """A new anonymous mapping of at least nbytes (whole huge pages) as uint8, advised MADV_HUGEPAGE
+    before its first touch (plain pages on a kernel without THP). OSError where there is no room for
+    it (strict overcommit). Needs mmap.MADV_HUGEPAGE (Linux)."""
     mapping = mmap.mmap(-1, -(-nbytes // _HUGE_PAGE) * _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         mapping.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:  # a kernel without THP: plain pages
+    except OSError:  # a kernel built without THP
         pass
     return torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive while any view does
 

@@ -16,8 +16,9 @@ import mmap
 import torch
 from torch import nn
 
+from speclite.kernels import cpu_gemm
+
 ALIGN = 64  # bytes: each tensor starts on a cache line
-HUGE_PAGE = 2 << 20
 
 
 def settle(*models: nn.Module) -> torch.Tensor | None:
@@ -38,14 +39,9 @@ def settle(*models: nn.Module) -> torch.Tensor | None:
     if size == 0:
         return None
     try:
-        mapping = mmap.mmap(-1, -(-size // HUGE_PAGE) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        arena = cpu_gemm.huge_mapping(size)  # advised before the first touch: the copies fault in huge pages
     except OSError:  # no room for the mapping (strict overcommit): the weights stay where they are
         return None
-    try:
-        mapping.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: the copies fault in huge pages
-    except OSError:  # a kernel built without THP: one mapping in forward order still
-        pass
-    arena = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive while any view does
     moved, placed = {}, set()
     for table, name, t in _tensors(models):
         if id(t) in placed:  # met again through a module two models share
