@@ -116,7 +116,7 @@ inline __attribute__((always_inline)) __m512 reduce16(const __m512 (&a)[16]) {
 
 // out[r] = _mm512_reduce_add_ps(a[r]) for r < n <= 16, bit for bit, by reduce16. Reading the tree's
 // lanes by index instead of its permute, or adding each vector's halves and then taking hsums of
-// eight, made 5- and 9-row products 5-12% slower (a C harness over one layer held in the L2).
+// eight, made the dense products' former dot-product tiles 5-12% slower at 5 and 9 rows.
 inline __attribute__((always_inline)) void hsums(const __m512 *a, int n, float *out) {
     __m512 v[16];
     for (int r = 0; r < 16; r++) v[r] = r < n ? a[r] : _mm512_setzero_ps();
