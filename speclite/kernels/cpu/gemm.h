@@ -690,8 +690,8 @@ struct Dense {
         return streams ? tile_of<MR, NP, F32, true>(m0, p0) : tile_of<MR, NP, F32, false>(m0, p0);
     }
 
-    // The panels' values of K index k (bf16: of the pair k / 2) start PF bytes of prefetch ahead of
-    // each stream, once per 64-byte line.
+    // Prefetch PREFETCH_ROWS bytes ahead of each panel's stream at K index k (bf16: the pair from k),
+    // once per 64-byte line (f16: every other k).
     template <int NP, int WDT>
     static inline __attribute__((always_inline)) void prefetch_at(const char *const *wp, int k) {
         constexpr int ES = WDT == F32 ? 4 : 2;
@@ -700,7 +700,7 @@ struct Dense {
     }
 
     // fp32 activations against fp32, f16 or bf16 panels: fp32 FMAs, the weights widened in registers.
-    // The stores write the N - 16 p valid columns of a last panel one by one.
+    // A last panel's valid columns (N - 16 p of them) are stored one by one.
     template <int MR, int NP, int WDT, bool PF>
     void tile_of(int m0, int p0) const {
         constexpr int ES = WDT == F32 ? 4 : 2;
