@@ -62,18 +62,26 @@ struct Buffers {
 };
 
 // The first of the largest of logits[0..n) (dtype dt), a NaN counting as the largest, as torch.argmax.
-// Eight at a time: the largest value (and whether any is NaN), then the first place that holds it
-// (a speculative iteration's k + 1 rows of a 150k vocabulary, one thread's work between two passes).
+// Eight at a time: the largest value (and whether any is NaN), in four independent maxima (a max is
+// exact in any order; one chain of them waited on its own latency), then the first place that holds
+// it (a speculative iteration's k + 1 rows of a 150k vocabulary, one thread's work between two passes).
 inline int argmax(const void *logits, int dt, int n) {
-    const int n8 = n & ~7;
-    __m256 top8 = _mm256_set1_ps(-INFINITY), nan8 = _mm256_setzero_ps();
-    for (int v = 0; v < n8; v += 8) {
+    const int n32 = n & ~31, n8 = n & ~7;
+    __m256 top8[4], nan8[4];
+    for (int j = 0; j < 4; j++) top8[j] = _mm256_set1_ps(-INFINITY), nan8[j] = _mm256_setzero_ps();
+    for (int v = 0; v < n32; v += 32)
+        for (int j = 0; j < 4; j++) {
+            const __m256 x = load8(logits, dt, v + 8 * j);
+            top8[j] = _mm256_max_ps(top8[j], x);
+            nan8[j] = _mm256_or_ps(nan8[j], _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        }
+    for (int v = n32; v < n8; v += 8) {
         const __m256 x = load8(logits, dt, v);
-        top8 = _mm256_max_ps(top8, x);
-        nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        top8[0] = _mm256_max_ps(top8[0], x);
+        nan8[0] = _mm256_or_ps(nan8[0], _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     }
-    float top = hmax(top8);
-    bool nan = _mm256_movemask_ps(nan8) != 0;
+    float top = hmax(_mm256_max_ps(_mm256_max_ps(top8[0], top8[1]), _mm256_max_ps(top8[2], top8[3])));
+    bool nan = _mm256_movemask_ps(_mm256_or_ps(_mm256_or_ps(nan8[0], nan8[1]), _mm256_or_ps(nan8[2], nan8[3]))) != 0;
     for (int v = n8; v < n; v++) {
         const float f = to_float(logits, dt, v);
         nan |= std::isnan(f);
@@ -463,8 +471,9 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
             const int M = (int)fed.size() + (parallel ? kk - 1 : 0), R = parallel ? kk : 1;
             d.forward_team(draft->step(dt, M, d_len), xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k,
                            draft->caches_v, R, nullptr, logd.data());
-            if (team::id() == 0)
-                for (int i = 0; i < R; i++) drafts[i] = argmax(logd.data() + es * Vrow * i, dt, Vd);
+            const auto [r0, r1] = team::share(R);  // a parallel draft's argmaxes shared (row 0: thread 0's)
+            for (int i = r0; i < r1; i++) drafts[i] = argmax(logd.data() + es * Vrow * i, dt, Vd);
+            if (R > 1) t.sc.barrier.wait(team::size());  // thread 0 reads them all next
             for (int i = 1; !parallel && i < kk; i++) {  // an autoregressive draft's chain
                 if (team::id() == 0) embed_row(xd.data(), dt, draft->embed, draft->edt, drafts[i - 1], Hd);
                 t.sc.barrier.wait(team::size());
