@@ -146,6 +146,30 @@ def test_attention_rows_are_independent_and_unseen_keys_change_nothing(isa, d):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [32, 64, 80, 128])
+def test_attention_of_many_causal_queries_equals_each_row_alone(isa, dtype, d):
+    # Seven rows of a four-query GQA group: 28 queries a KV head, taken in lanes (W at a time, the
+    # rest key by key) without a mask; with the causal mask (the static path) and one row at a time
+    # they go key by key. Every way gives the same bits, and the float64 numbers. Over 64 keys: the
+    # values' blocks.
+    heads, kv_heads, start, t = 8, 2, 90, 7
+    qkv, cos, sin, cache_k, cache_v = case(dtype, t, start, heads, kv_heads, d, max_len=128, seed=d)
+    end = start + t
+    causal = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+    ref, _, _ = attention_reference(qkv, cos, sin, cache_k, cache_v, heads, kv_heads, start, causal)
+    k, v = cache_k.clone(), cache_v.clone()
+    out = cpu_layer_ops.attention(qkv, cos, sin, k, v, heads, kv_heads, start, end, None)
+    assert rel_err(out, ref) < (2e-5 if dtype == torch.float32 else 2e-2)
+    static = cpu_layer_ops.attention(qkv, cos, sin, cache_k.clone(), cache_v.clone(), heads, kv_heads, start, end, causal)
+    assert torch.equal(static, out)
+    for i in range(t):
+        alone = cpu_layer_ops.attention(qkv[i:i + 1], cos[i:i + 1], sin[i:i + 1], k, v, heads, kv_heads, start + i,
+                                        start + i + 1, None)
+        assert torch.equal(alone[0], out[i]), i
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [64, 80, 8, 136, 264])  # whole chunks, a tail, less than one, past 128, past 256 (one row at a time)
 @pytest.mark.parametrize("visibility", ["causal", "tree", "window"])
 def test_attention_over_a_long_cache_equals_float64_math_row_by_row(isa, dtype, d, visibility):

@@ -150,12 +150,14 @@ inline void swiglu_team(const void *gate_up, void *y, int dt, int M, int I, team
 // ports; in memory between blocks, exactly), the sets added in order at the end. So a row alone equals
 // that row in a batch, and keys a row does not see cost nothing and change nothing: a chain's rows
 // equal a tree's with the same visible keys, and the static path's (the whole cache under a mask) too.
+// Many causal queries of a KV head (a verification's or a prefill's rows, a large GQA group) take the
+// same sums with the queries in the lanes instead (Pass::run_lanes).
 constexpr int PASS_QUERIES = 16, SCORE_BLOCK = 16, VALUE_BLOCK = 64, PASS_MAX_D = 256;
 
 #if defined(__AVX512F__)
 struct Lanes {  // 16 fp32 lanes; the weighting's column groups of 8 chunks keep 8 sums in flight
     using V = __m512;
-    static constexpr int W = 16, GROUP = 8, CHAINS = 8;
+    static constexpr int W = 16, GROUP = 8, CHAINS = 8, SUMS = 16;  // SUMS: a queries-in-lanes weighting's accumulators
     static __mmask16 first(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << std::max(n, 0)) - 1); }
     static V zero() { return _mm512_setzero_ps(); }
     static V set1(float v) { return _mm512_set1_ps(v); }
@@ -185,6 +187,7 @@ struct Lanes {  // 16 fp32 lanes; the weighting's column groups of 8 chunks keep
     static void storef(float *p, V v, int n) { _mm512_mask_storeu_ps(p, first(n), v); }
     static float hmax(V v) { return _mm512_reduce_max_ps(v); }
     static float hsum(V v) { return _mm512_reduce_add_ps(v); }
+    static V below(V a, V b, V x, V fill) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), fill, x); }  // x where a < b
     // exp8's arithmetic on 16 lanes.
     static inline __attribute__((always_inline)) V exp(V x) {
         x = _mm512_min_ps(_mm512_max_ps(x, set1(-87.f)), set1(88.f));
@@ -202,7 +205,7 @@ struct Lanes {  // 16 fp32 lanes; the weighting's column groups of 8 chunks keep
 #else
 struct Lanes {  // 8 fp32 lanes; AVX2's 16 registers: column groups of 4 chunks, 4 sums in flight a query
     using V = __m256;
-    static constexpr int W = 8, GROUP = 4, CHAINS = 4;
+    static constexpr int W = 8, GROUP = 4, CHAINS = 4, SUMS = 8;
     static V zero() { return _mm256_setzero_ps(); }
     static V set1(float v) { return _mm256_set1_ps(v); }
     static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
@@ -234,6 +237,7 @@ struct Lanes {  // 8 fp32 lanes; AVX2's 16 registers: column groups of 4 chunks,
     }
     static float hmax(V v) { return ::hmax(v); }
     static float hsum(V v) { return ::hsum(v); }
+    static V below(V a, V b, V x, V fill) { return _mm256_blendv_ps(fill, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }  // x where a < b
     static V exp(V x) { return exp8(x); }
 };
 #endif
@@ -385,9 +389,21 @@ struct Pass {
 
     // The queries q[0..nq) (d fp32 values each, of rows rows[0..nq)) over cache keys 0..L_-1; out[qi]
     // (d values) = their attention. scores: nq rows of `ld` floats (ld >= L_); acc: nq rows of
-    // CHAINS * stride() floats.
+    // CHAINS * stride() floats. Causal queries go W at a time in lanes (run_lanes: the same numbers)
+    // while they fill three quarters of them, the rest key by key: in lanes 16 queries (AVX-512) ran
+    // 1.2-1.3x faster than key by key, 12 even, 8 slower; AVX2's 8 1.1x (benchmarks/RESULTS.md, 2026-11-26).
     void run(const float *q, const int *rows, int nq, const uint8_t *mask, int L_, int start, float *scores, int ld,
              float *acc, float *out) const {
+        int g0 = 0;
+        if constexpr (!TAIL)
+            for (; !mask && 4 * (nq - g0) >= 3 * W; g0 += W)
+                run_lanes(q + (int64_t)g0 * d, rows + g0, std::min(W, nq - g0), L_, start, acc, scores, out + (int64_t)g0 * d);
+        if (g0 < nq) run_keys(q + (int64_t)g0 * d, rows + g0, nq - g0, mask, L_, start, scores, ld, acc, out + (int64_t)g0 * d);
+    }
+
+    // run() with the keys in the lanes: the pass described above, for any visibility.
+    void run_keys(const float *q, const int *rows, int nq, const uint8_t *mask, int L_, int start, float *scores, int ld,
+                  float *acc, float *out) const {
         int n[PASS_QUERIES] = {};
         const int64_t arow_len = L::CHAINS * stride();
         auto qrow = [&](int qi) { return q + (int64_t)qi * d; };
@@ -446,6 +462,127 @@ struct Pass {
                 for (int s = 1; s < sets_of(e / W); s++) v += a[s * stride() + e];
                 out[(int64_t)qi * d + e] = v * inv;
             }
+        }
+    }
+    // run()'s numbers, bit for bit, for nq <= W queries of rows that see the keys before them and
+    // themselves (causal, no mask), with the queries in the lanes instead of the keys: each key's W
+    // partial products come from broadcasts of its values, the W of them added in hsum's tree; the
+    // exponentials' W partial sums are kept per key modulo W; the weighted values go to the sets of
+    // accumulators key by key as weigh() deals them; keys past a query's own are scored and weighted
+    // as zero, which changes no sum. Without horizontal reductions, a key costs d + W - 1 vector
+    // operations for W queries to score where run() spent about three a query (benchmarks/RESULTS.md,
+    // 2026-11-26). q [nq, d]; qt: d * W floats; ew: W floats a key; out [nq, d].
+    void run_lanes(const float *q, const int *rows, int nq, int L_, int start, float *qt, float *ew, float *out) const {
+        alignas(64) float lim[W], total[W], inv[W];
+        int keys = 0;
+        for (int g = 0; g < W; g++) {
+            const int n = g < nq ? std::min(L_, start + rows[g] + 1) : 1;  // an empty lane sees key 0 alone
+            lim[g] = (float)n, keys = std::max(keys, n);
+            for (int e = 0; e < d; e++) qt[e * W + g] = g < nq ? q[(int64_t)g * d + e] : 0.f;
+        }
+        const V seen = L::template load<F32>(lim, 0), none = L::set1(-INFINITY), zero = L::zero();
+        V top = none;
+        auto scores = [&](auto keys_at_once, int j) __attribute__((always_inline)) {
+            constexpr int R = decltype(keys_at_once)::value;
+            int64_t rows_of[R];
+            for (int r = 0; r < R; r++) rows_of[r] = base + (int64_t)(j + r) * d;
+            const auto dots = node<R, LOG_W>(qt, rows_of, 0);
+            for (int r = 0; r < R; r++) {
+                const V score = L::below(L::set1((float)(j + r)), seen, L::mul(dots.v[r], L::set1(scale)), none);
+                L::store(ew + (int64_t)(j + r) * W, score);
+                top = L::max(top, score);
+            }
+        };
+        int j = 0;
+        for (; j + 4 <= keys; j += 4) scores(std::integral_constant<int, 4>{}, j);
+        for (; j < keys; j++) scores(std::integral_constant<int, 1>{}, j);
+        V sums[W];
+        for (int l = 0; l < W; l++) sums[l] = zero;
+        for (int j = 0; j < keys; j++) {
+            const V e = L::below(L::set1((float)j), seen, L::exp(L::sub(L::template load<F32>(ew, (int64_t)j * W), top)), zero);
+            L::store(ew + (int64_t)j * W, e);
+            sums[j % W] = L::add(sums[j % W], e);
+        }
+        for (int h = W / 2; h >= 1; h /= 2)
+            for (int l = 0; l < h; l++) sums[l] = L::add(sums[l], sums[l + h]);
+        L::store(total, sums[0]);
+        for (int g = 0; g < W; g++) inv[g] = 1.f / total[g];
+        const int G = std::min(C, L::GROUP);
+        for (int c0 = 0; c0 < C; c0 += G) {  // each column group with weigh()'s sets
+            const int n = std::min(G, C - c0), S = sets(n);
+            const int e0 = W * c0, e1 = W * (c0 + n);
+            if (S == 8) weigh_lanes<8>(ew, keys, e0, e1, inv, qt);
+            else if (S == 4) weigh_lanes<4>(ew, keys, e0, e1, inv, qt);
+            else if (S == 2) weigh_lanes<2>(ew, keys, e0, e1, inv, qt);
+            else weigh_lanes<1>(ew, keys, e0, e1, inv, qt);
+        }
+        for (int g = 0; g < nq; g++)  // qt now holds the outputs [d][W]
+            for (int e = 0; e < d; e++) out[(int64_t)g * d + e] = qt[e * W + g];
+    }
+
+    // The dot products of the W queries in qt [d][W] with R keys (cache rows row[0..R)), as run()'s
+    // score() sums them: lane l's chunk products (leaf l), then hsum's tree of the W lanes, the node
+    // at level K over lanes l + m W / 2^K, m < 2^K. Depth first: a few sums live, the queries' loads
+    // shared by the R keys.
+    static constexpr int LOG_W = W == 16 ? 4 : 3;
+    template <int R>
+    struct Dots {
+        V v[R];
+    };
+    template <int R, int K>
+    inline __attribute__((always_inline)) Dots<R> node(const float *qt, const int64_t *row, int l) const {
+        if constexpr (K == 0) {
+            Dots<R> p;
+            const V q0 = L::template load<F32>(qt, (int64_t)l * W);
+            for (int r = 0; r < R; r++) p.v[r] = L::mul(q0, L::set1(to_float(cache_k, DT, row[r] + l)));
+            for (int c = 1; c < C; c++) {
+                const V qc = L::template load<F32>(qt, (int64_t)(W * c + l) * W);
+                for (int r = 0; r < R; r++) p.v[r] = L::fma(qc, L::set1(to_float(cache_k, DT, row[r] + W * c + l)), p.v[r]);
+            }
+            return p;
+        } else {
+            Dots<R> a = node<R, K - 1>(qt, row, l);
+            const Dots<R> b = node<R, K - 1>(qt, row, l + (W >> K));
+            for (int r = 0; r < R; r++) a.v[r] = L::add(a.v[r], b.v[r]);
+            return a;
+        }
+    }
+
+    // Values e0..e1 of every lane's output into res [d][W]: key j's weight times its values added to
+    // set j % S (in key order within a set), the sets added in order, times inv. Blocks of keys, so a
+    // block's values and weights stay in L1 while E values at a time go over them (the sums between
+    // blocks in memory, exactly).
+    template <int S>
+    void weigh_lanes(const float *ew, int keys, int e0, int e1, const float *inv, float *res) const {
+        constexpr int E = std::max(1, std::min(L::SUMS / S, W));  // values a sweep over a block
+        const int span = e1 - e0;  // <= CHAINS / S chunks of W
+        alignas(64) float acc[L::CHAINS * W * W];  // [S][span][W]
+        std::fill(acc, acc + S * span * W, 0.f);
+        for (int j0 = 0; j0 < keys; j0 += VALUE_BLOCK) {
+            const int j1 = std::min(keys, j0 + VALUE_BLOCK);
+            for (int f = 0; f < span; f += E) {
+                V a[S][E];
+                for (int s = 0; s < S; s++)
+                    for (int e = 0; e < E; e++) a[s][e] = L::template load<F32>(acc, ((int64_t)s * span + f + e) * W);
+                auto add = [&](int s, int j) __attribute__((always_inline)) {
+                    const V w = L::template load<F32>(ew, (int64_t)j * W);
+                    const int64_t row = base + (int64_t)j * d + e0 + f;
+                    for (int e = 0; e < E; e++) a[s][e] = L::fma(w, L::set1(to_float(cache_v, DT, row + e)), a[s][e]);
+                };
+                int j = j0;  // a multiple of S: key j + s goes to set s
+                for (; j + S <= j1; j += S)
+                    for (int s = 0; s < S; s++) add(s, j + s);
+                for (int s = 0; s < S; s++)
+                    if (j + s < j1) add(s, j + s);
+                for (int s = 0; s < S; s++)
+                    for (int e = 0; e < E; e++) L::store(acc + ((int64_t)s * span + f + e) * W, a[s][e]);
+            }
+        }
+        const V scale_by = L::template load<F32>(inv, 0);
+        for (int e = 0; e < span; e++) {
+            V v = L::template load<F32>(acc, (int64_t)e * W);
+            for (int s = 1; s < S; s++) v = L::add(v, L::template load<F32>(acc, ((int64_t)s * span + e) * W));
+            L::store(res + (int64_t)(e0 + e) * W, L::mul(v, scale_by));
         }
     }
 };
