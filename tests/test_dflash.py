@@ -12,11 +12,11 @@ import sys
 import pytest
 import torch
 
-from conftest import CLI_PROMPTS, cli_generate, save_model, decode_all
+from conftest import CLI_PROMPTS, cli_generate, save_model, decode_all, greedy_runs_match
 from dflash_drafts import reference_block, save_drafter
 from speclite import LLM, SamplingParams
 from speclite.api import SpecConfig
-from speclite.engine.loop import Speculation
+from speclite.engine.loop import Request, Speculation, decode
 from speclite.errors import SpecliteError
 from speclite.model import load_model
 from speclite.model.step import Wants
@@ -114,6 +114,55 @@ def test_greedy_identical_to_plain_for_every_k(target, pair, small):
                 assert stats.proposed > 0
                 accepted += stats.accepted
     assert accepted > 0
+
+
+def run_loop(target, spec, prompt, eos, max_new):
+    """The loop on one prompt: (tokens, stats, the target cache's length, the proposer's tokens, its
+    context entries, its pending rows, its cache's context rows)."""
+    cache, p = target.new_cache(96), spec.proposer
+    with torch.inference_mode():
+        run = decode(target, cache, Request(prompt, SamplingParams(max_new_tokens=max_new), eos_ids=eos), spec)
+        out = [t for new in run for t in new]
+    n = p.cache.length
+    rows = [(kc[:, :n].clone(), vc[:, :n].clone()) for kc, vc in p.cache.layers]
+    return out, run.stats, cache.length, list(p.tokens), n, p.pending.clone(), rows
+
+
+@pytest.mark.parametrize("quant", [None, "int4"])
+def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, pair, small, quant, monkeypatch):
+    """Greedy decoding on the CPU kernels runs the context's injection, the block, the target's pass,
+    the acceptance, fc and hidden_norm in one C call for many iterations (greedy_run): the same
+    tokens and iterations, the target's cache, the drafter's context rows and pending rows as the
+    loop's iterations one by one; on the pair (every draft rejected, the last layer's output among
+    the states) and the small target (drafts stand), also where an EOS ends a call's middle
+    iteration and where the room for new tokens ends a call."""
+    eos_in_c = 0
+    cases = ((pair[0], pair[1], PROMPTS), (small[1].parent / "target", small[1], [[3, 6, 2, 4], [5, 1]]))
+    for target_dir, draft_dir, prompts in cases:
+        model = load_model(target_dir, "cpu", torch.float32)
+        if quant:
+            model = quantize_model(model, quant, group_size=32)
+        for k in range(1, 9):
+            spec = Speculation(proposer(model, draft_dir, quant, max_len=96), SpecLength(k))
+            prompt = prompts[k % len(prompts)]
+            eos_in_c += greedy_runs_match(lambda eos, room: run_loop(model, spec, prompt, eos, room), DFlashProposer,
+                                          "dflash_greedy", monkeypatch, 48, (draft_dir.name, k))
+    assert eos_in_c >= 3
+
+
+def test_greedy_run_declines_where_a_hook_must_fire(target, pair):
+    """A forward hook on fc: no C run (None), and the loop's own iterations give plain decoding's tokens."""
+    spec = Speculation(proposer(target, pair[1]), SpecLength(4))
+    generate(target, PROMPTS[0], spec)  # the proposer now holds a request's states
+    fired = []
+    handle = spec.proposer.draft.model.fc.register_forward_hook(lambda *a: fired.append(1))
+    try:
+        cache = target.new_cache(64)
+        cache.length = len(spec.proposer.tokens) - 1
+        assert spec.proposer.greedy_run(target, cache, spec.proposer.tokens[-1], 4, 8, set(), 1.0) is None
+        assert generate(target, PROMPTS[1], spec)[0] == generate(target, PROMPTS[1])[0] and fired
+    finally:
+        handle.remove()
 
 
 def test_k_is_capped_at_the_block_size(target, pair):

@@ -125,7 +125,8 @@ class Layers:
 
 
 class Decoder(ctypes.Structure):
-    """A whole model for the C calls that run several of its forwards (greedy_chain, draft_greedy, head_greedy):
+    """A whole model for the C calls that run several of its forwards (greedy_chain, draft_greedy, head_greedy,
+    dflash_greedy):
     its Layers (with their Head), embedding table, KV cache and the RoPE rows of every cache
     position. Mirrors struct Decoder in kernels.cpp."""
 
@@ -244,6 +245,25 @@ def head_greedy(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None,
     return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]]
 
 
+def dflash_greedy(target: Decoder, draft: Decoder, kv: list[Matrices], fuse: Matrices, fuse_norm: torch.Tensor,
+                  fuse_eps: float, aux: list[int], mask: int, t_len: int, committed: int, pending: torch.Tensor,
+                  token: int, k: int, room: int, eos: set[int], seconds: float):
+    """Greedy speculative iterations of a DFlash drafter (`draft`: its layers, its norm with the
+    target's lm_head as the head, the target's embedding, its cache; kv: each layer's k and v
+    projections) over the target's states (the inputs of layers `aux` through fuse and fuse_norm)
+    and the target, in one call (see speclite_dflash_greedy): ([per iteration (drafts offered,
+    drafts stood, new tokens, draft s, verify s)], (the target's cache length, the drafter's context
+    entries), the pending context rows [T, H] after them)."""
+    run, lengths, pending = _Run(room), (ctypes.c_int * 3)(), pending.contiguous()
+    out = torch.empty(max(k + 1, pending.shape[0]), pending.shape[1], dtype=pending.dtype)
+    kvs = (ctypes.POINTER(Matrices) * len(kv))(*(ctypes.pointer(m) for m in kv))
+    n = _library().speclite_dflash_greedy(
+        ctypes.byref(target), ctypes.byref(draft), kvs, ctypes.byref(fuse), fuse_norm.data_ptr(), fuse_eps, *_ints(aux),
+        mask, DTYPES[target.dtype], t_len, committed, pending.shape[0], pending.data_ptr(), token, k, room,
+        *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, out.data_ptr(), lengths, torch.get_num_threads())
+    return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]]
+
+
 def _ints(values: list[int]) -> tuple:
     """(a C int array of values, its length) for a kernel's (const int *, int) pair."""
     return (ctypes.c_int * max(len(values), 1))(*values), len(values)
@@ -285,6 +305,9 @@ SIGNATURES = {
     "speclite_head_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
                              ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I,
                              _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
+    "speclite_dflash_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _P, ctypes.POINTER(Matrices), _P, _F,
+                               _P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P,
+                               _P, _P, _I],
 }
 
 

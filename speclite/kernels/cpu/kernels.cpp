@@ -597,4 +597,115 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
     return out.count;
 }
 
+
+// Greedy speculative iterations of a DFlash drafter (a block drafter over the target's states) and its
+// target in one call and one team, as the decode loop runs them one by one. The drafter's cache holds
+// c context entries; T pending context rows come next (`pending` [T, H]: fc + hidden_norm of the
+// target's states at positions c.., already fused). An iteration: each drafter layer projects the
+// pending rows to keys and values (kv[i]: that layer's k and v projections) and writes them at c..
+// (k norm, RoPE; no query); the block [token, mask, ..., mask] of kk + 1 rows (the target's embedding)
+// at the next positions, seeing every entry and all of itself, through the layers, the drafter's
+// norm and the target's lm_head (draft->head) gives the kk drafts (its rows 1..kk, argmaxes); the
+// target reads `token` and the drafts at t_len.., the inputs of its layers aux[0..n_aux) captured (aux
+// = its layer count: the last layer's output); drafts stand as in speclite_draft_greedy; the stood
+// rows' captures, side by side in aux's order, through `fuse` (fc) and the fuse_norm RMSNorm
+// (hidden_norm, fuse_eps) are the next pending rows. The block's own entries are left past the
+// context. k shrinks to fit both caches and `room` new tokens; the call stops as
+// speclite_draft_greedy's. Out as speclite_draft_greedy's; lengths = (t_len, c, T) after the last
+// iteration and pending_out [max(T, k + 1), H] its first T rows the pending rows.
+int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Matrices *const *kv, const Matrices *fuse,
+                           const void *fuse_norm, float fuse_eps, const int *aux, int n_aux, int mask, int dt, int t_len,
+                           int c, int T, const void *pending, int token, int k, int room, const int *eos, int n_eos,
+                           int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
+                           int64_t *verify_ns, void *pending_out, int *lengths, int threads) {
+    const int H = target->layers[0]->o->n, V = target->head->mats->n, L = target->n;
+    const Layer &first = *draft->layers[0];
+    const int d = first.head_dim, kv_width = 2 * first.kv_heads * d, rows = std::max(T, k + 1);
+    const int64_t es = dt == F32 ? 4 : 2, trow = es * H;
+    Model t{target->layers, L, target->head, layer_buffers, scratch, layer_states};
+    Model dm{draft->layers, draft->n, draft->head, draft_buffers, scratch, draft_states};
+    t.reserve(k + 1, k + 1, dt);
+    dm.reserve(k + 1, k, dt);
+    for (int i = 0; i < draft->n; i++) ::reserve(scratch, *kv[i], rows);
+    ::reserve(scratch, *fuse, k + 1);
+    std::vector<char> ctx(trow * rows), kvs(es * kv_width * rows), fused(trow * (k + 1));
+    std::vector<char> xd(trow * (k + 1)), outd(trow * (k + 1)), logd(es * V * k);
+    std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1)), joined(trow * n_aux * (k + 1));
+    std::vector<uint8_t> sees((size_t)(k + 1) * draft->max_len, 1);  // the block sees every entry and itself
+    std::vector<std::vector<char>> captured(L + 1);
+    std::vector<void *> captures(L + 1, nullptr), no_d(draft->n + 1, nullptr);
+    for (int a = 0; a < n_aux; a++) {
+        captured[aux[a]].resize(trow * (k + 1));
+        captures[aux[a]] = captured[aux[a]].data();
+    }
+    captures[L] = nullptr;  // the last layer's output is copied from outt after the pass
+    memcpy(ctx.data(), pending, trow * T);
+    std::vector<int> drafts(k);
+    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
+    int kk = 0, n = 0, best = 0;  // this iteration's drafts (0: stop) and verdict, thread 0's
+    int64_t t0 = 0, draft_time = 0;
+    auto decide = [&] {  // thread 0, before an iteration
+        const int r = std::min(room - out.produced, target->max_len - t_len);
+        kk = std::min({k, r - 1, draft->max_len - (c + T) - 1});
+        if (out.stop || kk < 1) kk = 0;
+        t0 = team::now_ns();
+    };
+    team::run(threads, [&] {
+        if (team::id() == 0) decide();
+        t.sc.barrier.wait(team::size());  // every thread reads what thread 0 decided
+        while (kk > 0) {
+            for (int i = 0; i < draft->n && T > 0; i++) {  // the pending context into every layer's cache
+                const Layer &ly = *draft->layers[i];
+                matmul_team(*kv[i], ctx.data(), dt, T, kvs.data(), t.sc);
+                attention_team(kvs.data(), at(draft->cos, dt, (int64_t)d * c), at(draft->sin, dt, (int64_t)d * c),
+                               draft->caches_k[i], draft->caches_v[i], nullptr, nullptr, dt, T, 0, ly.kv_heads, d,
+                               draft->max_len, c, c + T, draft->scale, ly.qk_norm, ly.eps, t.sc.barrier);
+            }
+            if (team::id() == 0) {
+                c += T, T = 0;
+                embed_row(xd.data(), dt, draft->embed, draft->edt, token, H);
+                for (int i = 1; i <= kk; i++) embed_row(xd.data() + trow * i, dt, draft->embed, draft->edt, mask, H);
+            }
+            t.sc.barrier.wait(team::size());
+            const Step block{dt, kk + 1, at(draft->cos, dt, (int64_t)d * c), at(draft->sin, dt, (int64_t)d * c), sees.data(),
+                             draft->max_len, c, c + kk + 1, draft->scale};
+            dm.forward_team(block, xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k, draft->caches_v, kk,
+                            nullptr, logd.data());
+            const auto [r0, r1] = team::share(kk);
+            for (int i = r0; i < r1; i++) drafts[i] = argmax(logd.data() + es * V * i, dt, V);
+            t.sc.barrier.wait(team::size());
+            if (team::id() == 0) {
+                embed_row(xt.data(), dt, target->embed, target->edt, token, H);
+                for (int i = 0; i < kk; i++) embed_row(xt.data() + trow * (i + 1), dt, target->embed, target->edt, drafts[i], H);
+                draft_time = team::now_ns() - t0;
+            }
+            t.sc.barrier.wait(team::size());
+            const int64_t t1 = team::now_ns();
+            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captures.data(),
+                           target->caches_k, target->caches_v, kk + 1, nullptr, logt.data());
+            if (team::id() == 0) {
+                if (!captured[L].empty()) memcpy(captured[L].data(), outt.data(), trow * (kk + 1));
+                n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
+                for (int r = 0; r <= n; r++)
+                    for (int a = 0; a < n_aux; a++)
+                        memcpy(joined.data() + trow * (n_aux * r + a), captured[aux[a]].data() + trow * r, trow);
+                T = n + 1, t_len += n + 1, token = best;
+            }
+            t.sc.barrier.wait(team::size());
+            matmul_team(*fuse, joined.data(), dt, T, fused.data(), t.sc);  // the next pending rows: fc, then hidden_norm
+            const auto [m0, m1] = team::share(T);
+            for (int m = m0; m < m1; m++) rms_norm_row(fused.data(), fuse_norm, ctx.data(), dt, m, H, fuse_eps);
+            t.sc.barrier.wait(team::size());
+            if (team::id() == 0) {
+                out.record(drafts.data(), kk, n, best, draft_time, team::now_ns() - t1);
+                decide();
+            }
+            t.sc.barrier.wait(team::size());
+        }
+    });
+    memcpy(pending_out, ctx.data(), trow * T);
+    lengths[0] = t_len, lengths[1] = c, lengths[2] = T;
+    return out.count;
+}
+
 }  // extern "C"

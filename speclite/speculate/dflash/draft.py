@@ -68,6 +68,36 @@ class DFlashDraft(nn.Module):
         a, p = self.args, self.model.norm.weight  # a norm stays high precision when the linears are quantized
         return KVCache(a.num_layers, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
 
+    def kernel_decoder(self, x: torch.Tensor, cache: KVCache, embed: nn.Module, lm_head: nn.Module) -> tuple | None:
+        """For speclite_dflash_greedy: (the drafter as a C Decoder of activations like x: its layers, its
+        norm with the target's lm_head as the head, the target's embedding, its cache and RoPE rows;
+        each layer's k/v projections; fc; hidden_norm), or None where the kernels do not take all of
+        it, or a hook must fire or a gradient flow."""
+        body, cache_k = self.model, cache.layers[0][0]
+        if not (x.dim() == 2 and cache_k.dtype == x.dtype and cpu_layer_ops.takes(x)) or type(embed) is not nn.Embedding:
+            return None
+        modules = [body, embed, lm_head]
+
+        def build():
+            blocks = body.layers
+            built = [b.build_cpu_layer(x) if b.cpu_layer_applies(x, cache_k) else None for b in blocks]
+            kv = [cpu_gemm.module_matrices(x, [b.self_attn.k_proj, b.self_attn.v_proj]) for b in blocks]
+            head = cpu_gemm.module_matrices(x, [lm_head])
+            fuse = cpu_gemm.module_matrices(x, [body.fc])
+            if (None in built or None in kv or head is None or fuse is None
+                    or any(n.weight.dtype != x.dtype for n in (body.norm, body.hidden_norm))):
+                return None
+            layers = cpu_layer_ops.Layers(built, [m for b in modules for m in b.modules()],
+                                          cpu_layer_ops.Head(head, body.norm.weight, body.norm.eps))
+            return layers, kv, fuse
+
+        found = cpu_gemm.cached(self, modules, build, deep=True)
+        if found is None or any(found[0].hooks) or cpu_gemm.needs_grad(x, modules):
+            return None
+        layers, kv, fuse = found
+        cos, sin = rope_rows(self, slice(0, cache.max_len), cache.max_len, x.dtype, x.device)
+        return cpu_layer_ops.Decoder(layers, embed.weight, cache.layers, cos, sin), kv, fuse, body.hidden_norm
+
     def fuse(self, states: torch.Tensor) -> torch.Tensor:
         """[T, len(target_layers) * H] concatenated target states -> [T, H] context rows."""
         return self.model.hidden_norm(self.model.fc(states))

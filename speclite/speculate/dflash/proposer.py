@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speclite.kernels import cpu_layer_ops
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
-from speclite.speculate.base import Proposal, Proposer, RequestContext
+from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.dflash.draft import DFlashDraft
 from speclite.speculate.draft_model import draw_rows
 
@@ -78,6 +79,27 @@ class DFlashProposer(Proposer):
             self.pending = fused
         else:
             self.pending = torch.cat([self.pending[: first - self.cache.length], fused])
+
+    def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
+        """On the CPU, target and drafter whole in the kernels: the iterations in one C call (the
+        context's injection, the block's forward and argmaxes, the target's pass capturing the layers
+        the drafter reads, the acceptance, fc and hidden_norm over the stood rows). [] where the
+        pending rows do not reach the last token (the loop's own iteration then)."""
+        theirs = target.kernel_decoder(cache)
+        ours = None if theirs is None else self.draft.kernel_decoder(self.pending, self.cache, self.embed, self.lm_head)
+        if ours is None or theirs.dtype != self.pending.dtype:
+            return None
+        decoder, kv, fuse, norm = ours
+        if self.pending.shape[0] != len(self.tokens) - 1 - self.cache.length:
+            return []
+        run, (cache.length, self.cache.length), self.pending = cpu_layer_ops.dflash_greedy(
+            theirs, decoder, kv, fuse, norm.weight, norm.eps, [i + 1 for i in self.draft.target_layers],
+            self.draft.mask_token, cache.length, self.cache.length, self.pending, token,
+            min(k, self.draft.block_size - 1), room, eos, seconds)
+        run = [Iteration(*iteration) for iteration in run]
+        for iteration in run:
+            self.tokens.extend(iteration.tokens)
+        return run
 
     def propose(self, k: int) -> Proposal:
         start = len(self.tokens) - 1  # the last committed token's position: the block's first row
