@@ -18,6 +18,20 @@ def rel_err(y, reference):
 
 
 @needs_kernels
+@pytest.mark.parametrize("table,dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                         (torch.float16, torch.float16), (torch.bfloat16, torch.float32),
+                                         (torch.float16, torch.float32)])
+def test_embed_equals_the_tables_rows(isa, table, dtype):
+    # A prefill's rows (past torch's 32768-value grain, where its own copy goes parallel), an odd
+    # width, repeated and extreme ids: the rows as stored, or a 16-bit table's widened.
+    g = torch.Generator().manual_seed(4)
+    weights = (torch.randn(1000, 131, generator=g) * 3).to(table)
+    ids = torch.cat([torch.tensor([0, 999, 5, 5]), torch.randint(0, 1000, (300,), generator=g)])
+    out = cpu_layer_ops.embed(weights, ids, dtype)
+    assert out.dtype == dtype and torch.equal(out, torch.nn.functional.embedding(ids, weights).to(dtype))
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,h", [(1, 896), (5, 37), (3, 64)])
 def test_rms_norm_equals_float64_math(isa, m, h, dtype):

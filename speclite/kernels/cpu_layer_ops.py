@@ -142,6 +142,18 @@ class Decoder(ctypes.Structure):
         self.keep = (layers, embed, cos, sin, caches_k, caches_v)
 
 
+def embed(table: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` of an embedding table [V, H] in `dtype`: the table's own, or a 16-bit table's widened
+    to float32 (exact), in one call on the calling thread. torch's widening copy of a prefill's rows
+    spreads over its OpenMP threads past 32768 values, whose spinning after it took the cores from the
+    kernels' thread team for the forward (the pair's prefills past 128 tokens 1.6x slower a row)."""
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty(ids.shape[0], table.shape[1], dtype=dtype)
+    _library().speclite_embed(table.data_ptr(), DTYPES[table.dtype], ids.data_ptr(), ids.shape[0], table.shape[1],
+                              out.data_ptr(), DTYPES[dtype])
+    return out
+
+
 def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layers,
                    start: int, keys: int, mask: torch.Tensor | None, wants: tuple[int, ...] = (),
                    logit_rows: int = 0, final: bool = False, embeds: torch.Tensor | None = None):
@@ -291,6 +303,7 @@ class _Run:
 
 
 SIGNATURES = {
+    "speclite_embed": [_P, _I, _P, _I, _I, _P, _I],
     "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
     "speclite_swiglu": [_P, _P, _I, _I, _I],
     "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _P, _F, _I],

@@ -17,6 +17,7 @@ from torch import nn
 
 from speclite import kernels
 from speclite.kernels import cpu_gemm, cpu_layer_ops
+from speclite.kernels.dense import HALF
 from speclite.errors import SpecliteError
 from speclite.model.kv_cache import KVCache
 from speclite.model.step import NOTHING, Step, Tree, Wants
@@ -500,8 +501,19 @@ class Transformer(nn.Module):
     def rope(self, pos: torch.Tensor | slice, max_len: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_rows(self, pos, max_len, dtype, device)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The tokens' embedding rows in the activations' dtype (a 16-bit table's widened, exactly): on
+        the CPU kernels' path a gather in C (cpu_layer_ops.embed says why), else the module's."""
+        embed = self.model.embed_tokens
+        if type(embed) is nn.Embedding and not hooked([embed]) and not cpu_gemm.needs_grad(embed.weight, [embed]):
+            table = embed.weight
+            exact = table.dtype == self.dtype or (self.dtype == torch.float32 and table.dtype in HALF)
+            if exact and cpu_layer_ops.takes(table) and tokens.device.type == "cpu":
+                return cpu_layer_ops.embed(table, tokens, self.dtype)
+        return embed(tokens).to(self.dtype)
+
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
-        x = self.model.embed_tokens(tokens).to(self.dtype)  # a 16-bit table's rows widened (exact)
+        x = self.embed(tokens)
         cos, sin = self.rope(pos, cache.max_len, x.dtype, x.device)
         fused = self.cpu_layers(x, cache)
         if fused is not None:

@@ -415,6 +415,12 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
     team::run(threads, [&] { chain.run_team(dt, T, start, steps, tokens); });
 }
 
+// out [n, H] (dtype dt) = rows ids[0..n) of the embedding table [V, H] (dtype edt), as embed_row gives
+// them; one thread: a gather, done before the forward it feeds.
+void speclite_embed(const void *table, int edt, const int64_t *ids, int n, int H, void *out, int dt) {
+    for (int m = 0; m < n; m++) embed_row(at(out, dt, (int64_t)m * H), dt, table, edt, ids[m], H);
+}
+
 // Greedy speculative iterations of a draft model and its target in one call and one team, as the
 // decode loop runs them one by one (each forward is speclite_decoder_layers' on the same rows, so
 // the same tokens). An iteration: the draft reads the committed tokens it has not seen (`unseen`,
