@@ -161,12 +161,13 @@ def cli_generate(model_dir, out_dir, name: str, *flags, max_new_tokens: int = 12
     return {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines())}
 
 
-def decode_all(target, prompt: list[int], params, spec=None, cache_len: int = 64):
-    """The loop on one prompt in a fresh cache: (every token it produced, its stats)."""
+def decode_all(target, prompt: list[int], params, spec=None, cache_len: int = 64, eos=frozenset(), cache=None):
+    """The loop on one prompt in a fresh cache (or `cache`): (every token it produced, its stats)."""
     from speclite.engine.loop import Request, decode
 
     with torch.inference_mode():
-        run = decode(target, target.new_cache(cache_len), Request(prompt, params), spec)
+        cache = target.new_cache(cache_len) if cache is None else cache
+        run = decode(target, cache, Request(prompt, params, eos_ids=set(eos)), spec)
         return [t for chunk in run for t in chunk], run.stats
 
 

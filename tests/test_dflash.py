@@ -16,7 +16,7 @@ from conftest import CLI_PROMPTS, cli_generate, save_model, decode_all, greedy_r
 from dflash_drafts import reference_block, save_drafter
 from speclite import LLM, SamplingParams
 from speclite.api import SpecConfig
-from speclite.engine.loop import Request, Speculation, decode
+from speclite.engine.loop import Speculation
 from speclite.errors import SpecliteError
 from speclite.model import load_model
 from speclite.model.step import Wants
@@ -120,12 +120,10 @@ def run_loop(target, spec, prompt, eos, max_new):
     """The loop on one prompt: (tokens, stats, the target cache's length, the proposer's tokens, its
     context entries, its pending rows, its cache's context rows)."""
     cache, p = target.new_cache(96), spec.proposer
-    with torch.inference_mode():
-        run = decode(target, cache, Request(prompt, SamplingParams(max_new_tokens=max_new), eos_ids=eos), spec)
-        out = [t for new in run for t in new]
+    out, stats = decode_all(target, prompt, SamplingParams(max_new_tokens=max_new), spec, eos=eos, cache=cache)
     n = p.cache.length
     rows = [(kc[:, :n].clone(), vc[:, :n].clone()) for kc, vc in p.cache.layers]
-    return out, run.stats, cache.length, list(p.tokens), n, p.pending.clone(), rows
+    return out, stats, cache.length, list(p.tokens), n, p.pending.clone(), rows
 
 
 @pytest.mark.parametrize("quant", [None, "int4"])

@@ -313,6 +313,39 @@ struct Iterations {
     }
 };
 
+// The target's rows of an iteration into x [kk + 1, H]: `token`, then the kk drafts, embedded.
+inline void embed_iteration(void *x, int dt, const Decoder &target, int token, const int *drafts, int kk) {
+    const int H = target.layers[0]->o->n;
+    const int64_t row = (int64_t)(dt == F32 ? 4 : 2) * H;
+    embed_row(x, dt, target.embed, target.edt, token, H);
+    for (int i = 0; i < kk; i++) embed_row((char *)x + row * (i + 1), dt, target.embed, target.edt, drafts[i], H);
+}
+
+// What a drafter reading the target's states takes from each verification pass: the inputs of the
+// target's layers aux[0..n_aux) (aux = its layer count: the last layer's output) for up to `rows`
+// rows, and the stood rows' states side by side in aux's order.
+struct Captured {
+    std::vector<std::vector<char>> layers;
+    std::vector<void *> at;  // for forward_team; the last layer's output is copied after the pass
+    std::vector<char> joined;
+    const int *aux;
+    int n_aux, L;
+    int64_t row;
+
+    Captured(int L_, const int *aux_, int n_aux_, int rows, int64_t row_bytes)
+        : layers(L_ + 1), at(L_ + 1, nullptr), joined(row_bytes * n_aux_ * rows), aux(aux_), n_aux(n_aux_), L(L_),
+          row(row_bytes) {
+        for (int a = 0; a < n_aux; a++) layers[aux[a]].resize(row * rows);
+        for (int i = 0; i < L; i++) at[i] = layers[i].empty() ? nullptr : layers[i].data();
+    }
+    // Thread 0, after the pass (out: its last layer's output, M rows): rows 0..n joined.
+    void join(const void *out, int M, int n) {
+        if (!layers[L].empty()) memcpy(layers[L].data(), out, row * M);
+        for (int r = 0; r <= n; r++)
+            for (int a = 0; a < n_aux; a++) memcpy(joined.data() + row * (n_aux * r + a), layers[aux[a]].data() + row * r, row);
+    }
+};
+
 }  // namespace
 
 extern "C" {
@@ -488,8 +521,7 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
                 if (team::id() == 0) drafts[i] = argmax(logd.data(), dt, Vd);
             }
             if (team::id() == 0) {
-                embed_row(xt.data(), dt, target->embed, target->edt, token, H);
-                for (int i = 0; i < kk; i++) embed_row(xt.data() + es * H * (i + 1), dt, target->embed, target->edt, drafts[i], H);
+                embed_iteration(xt.data(), dt, *target, token, drafts.data(), kk);
                 draft_time = team::now_ns() - t0;
             }
             t.sc.barrier.wait(team::size());
@@ -543,15 +575,9 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
     HeadChain hc{{&layer, 1, head, head_buffers, scratch, head_states}, target->embed, target->edt, vocab_map,
                  head_k, head_v, head_cos, head_sin, head_max_len, 0, head_scale, normed_state};
     hc.reserve(std::max(T, k + 1), dt);
-    std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1)), joined(trow * n_aux * (k + 1));
+    std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1));
     std::vector<char> normt(fuse ? 0 : trow * (k + 1));  // without fuse: the final normed states are the head's
-    std::vector<std::vector<char>> captured(L + 1);
-    std::vector<void *> captures(L + 1, nullptr);
-    for (int a = 0; a < n_aux; a++) {
-        captured[aux[a]].resize(trow * (k + 1));
-        captures[aux[a]] = captured[aux[a]].data();
-    }
-    captures[L] = nullptr;  // the last layer's output is copied from outt after the pass
+    Captured captured(L, aux, n_aux, k + 1, trow);
     memcpy(hc.x.data(), pending, hc.row * T);
     for (int m = 0; m < T; m++) embed_row(hc.e.data() + hc.row * m, dt, target->embed, target->edt, pairs[m], hc.H);
     std::vector<int> drafts(k);
@@ -570,27 +596,23 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
             const int64_t t0 = team::now_ns();
             hc.run_team(dt, T, c, kk, drafts.data());
             if (team::id() == 0) {
-                embed_row(xt.data(), dt, target->embed, target->edt, token, H);
-                for (int i = 0; i < kk; i++) embed_row(xt.data() + trow * (i + 1), dt, target->embed, target->edt, drafts[i], H);
+                embed_iteration(xt.data(), dt, *target, token, drafts.data(), kk);
                 draft_time = team::now_ns() - t0;
             }
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
-            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captures.data(),
+            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captured.at.data(),
                            target->caches_k, target->caches_v, kk + 1, fuse ? nullptr : normt.data(), logt.data());
             if (team::id() == 0) {
-                if (!captured[L].empty()) memcpy(captured[L].data(), outt.data(), trow * (kk + 1));
                 n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
-                for (int r = 0; r <= n; r++) {
+                captured.join(outt.data(), kk + 1, n);
+                for (int r = 0; r <= n; r++)
                     embed_row(hc.e.data() + hc.row * r, dt, target->embed, target->edt, r < n ? drafts[r] : best, hc.H);
-                    for (int a = 0; a < n_aux; a++)
-                        memcpy(joined.data() + trow * (n_aux * r + a), captured[aux[a]].data() + trow * r, trow);
-                }
                 if (!fuse) memcpy(hc.x.data(), normt.data(), trow * (n + 1));
                 c += T, T = n + 1, t_len += n + 1, token = best;
             }
             t.sc.barrier.wait(team::size());
-            if (fuse) matmul_team(*fuse, joined.data(), dt, T, hc.x.data(), t.sc);  // the next pending states
+            if (fuse) matmul_team(*fuse, captured.joined.data(), dt, T, hc.x.data(), t.sc);  // the next pending states
             if (team::id() == 0) {
                 out.record(drafts.data(), kk, n, best, draft_time, team::now_ns() - t1);
                 decide();
@@ -636,15 +658,10 @@ int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Ma
     ::reserve(scratch, *fuse, k + 1);
     std::vector<char> ctx(trow * rows), kvs(es * kv_width * rows), fused(trow * (k + 1));
     std::vector<char> xd(trow * (k + 1)), outd(trow * (k + 1)), logd(es * V * k);
-    std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1)), joined(trow * n_aux * (k + 1));
+    std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1));
     std::vector<uint8_t> sees((size_t)(k + 1) * draft->max_len, 1);  // the block sees every entry and itself
-    std::vector<std::vector<char>> captured(L + 1);
-    std::vector<void *> captures(L + 1, nullptr), no_d(draft->n + 1, nullptr);
-    for (int a = 0; a < n_aux; a++) {
-        captured[aux[a]].resize(trow * (k + 1));
-        captures[aux[a]] = captured[aux[a]].data();
-    }
-    captures[L] = nullptr;  // the last layer's output is copied from outt after the pass
+    std::vector<void *> no_d(draft->n + 1, nullptr);
+    Captured captured(L, aux, n_aux, k + 1, trow);
     memcpy(ctx.data(), pending, trow * T);
     std::vector<int> drafts(k);
     Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
@@ -681,24 +698,20 @@ int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Ma
             for (int i = r0; i < r1; i++) drafts[i] = argmax(logd.data() + es * V * i, dt, V);
             t.sc.barrier.wait(team::size());
             if (team::id() == 0) {
-                embed_row(xt.data(), dt, target->embed, target->edt, token, H);
-                for (int i = 0; i < kk; i++) embed_row(xt.data() + trow * (i + 1), dt, target->embed, target->edt, drafts[i], H);
+                embed_iteration(xt.data(), dt, *target, token, drafts.data(), kk);
                 draft_time = team::now_ns() - t0;
             }
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
-            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captures.data(),
+            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captured.at.data(),
                            target->caches_k, target->caches_v, kk + 1, nullptr, logt.data());
             if (team::id() == 0) {
-                if (!captured[L].empty()) memcpy(captured[L].data(), outt.data(), trow * (kk + 1));
                 n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
-                for (int r = 0; r <= n; r++)
-                    for (int a = 0; a < n_aux; a++)
-                        memcpy(joined.data() + trow * (n_aux * r + a), captured[aux[a]].data() + trow * r, trow);
+                captured.join(outt.data(), kk + 1, n);
                 T = n + 1, t_len += n + 1, token = best;
             }
             t.sc.barrier.wait(team::size());
-            matmul_team(*fuse, joined.data(), dt, T, fused.data(), t.sc);  // the next pending rows: fc, then hidden_norm
+            matmul_team(*fuse, captured.joined.data(), dt, T, fused.data(), t.sc);  // the next pending rows: fc, then hidden_norm
             const auto [m0, m1] = team::share(T);
             for (int m = m0; m < m1; m++) rms_norm_row(fused.data(), fuse_norm, ctx.data(), dt, m, H, fuse_eps);
             t.sc.barrier.wait(team::size());
