@@ -18,6 +18,19 @@ def rel_err(y, reference):
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [0, -1])
+def test_cat_equals_torch_cat(isa, dtype, dim):
+    # Prompt-sized states past torch's parallel grain, an empty part, a column slice (not contiguous)
+    # and parts of different widths (or heights): torch.cat's tensor, value for value.
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(150, 256, generator=g).to(dtype), torch.randn(150, 300, generator=g).to(dtype)
+    parts = [a, b[:, :256], a[:0]] if dim == 0 else [a, b[:, 5:], a[:, :3]]
+    out = cpu_layer_ops.cat(parts, dim)
+    assert out.dtype == dtype and torch.equal(out, torch.cat(parts, dim))
+
+
+@needs_kernels
 @pytest.mark.parametrize("table,dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                          (torch.float16, torch.float16), (torch.bfloat16, torch.float32),
                                          (torch.float16, torch.float32)])

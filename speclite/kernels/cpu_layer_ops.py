@@ -154,6 +154,25 @@ def embed(table: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.T
     return out
 
 
+def cat(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """torch.cat of 2-D tensors of one dtype along dim 0 or -1 (1), on the calling thread where they are
+    CPU tensors the kernels take (torch's copy goes parallel past 32768 values: see embed); else
+    torch's."""
+    first = tensors[0]
+    if not (first.dim() == 2 and all(t.dim() == 2 and t.dtype == first.dtype and takes(t) for t in tensors)):
+        return torch.cat(tensors, dim)
+    parts = [t.contiguous() for t in tensors]
+    along_rows = dim == 0
+    shape = ((sum(t.shape[0] for t in parts), first.shape[1]) if along_rows
+             else (first.shape[0], sum(t.shape[1] for t in parts)))
+    out = torch.empty(shape, dtype=first.dtype)
+    rows = 1 if along_rows else first.shape[0]
+    widths = [t.numel() * t.element_size() // rows for t in parts]
+    _library().speclite_cat((_P * len(parts))(*(t.data_ptr() for t in parts)), (ctypes.c_int64 * len(parts))(*widths),
+                            len(parts), rows, out.data_ptr())
+    return out
+
+
 def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layers,
                    start: int, keys: int, mask: torch.Tensor | None, wants: tuple[int, ...] = (),
                    logit_rows: int = 0, final: bool = False, embeds: torch.Tensor | None = None):
@@ -303,6 +322,7 @@ class _Run:
 
 
 SIGNATURES = {
+    "speclite_cat": [_P, _P, _I, ctypes.c_int64, _P],
     "speclite_embed": [_P, _I, _P, _I, _I, _P, _I],
     "speclite_rms_norm": [_P, _P, _P, _I, _I, _I, _F],
     "speclite_swiglu": [_P, _P, _I, _I, _I],

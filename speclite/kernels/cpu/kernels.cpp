@@ -448,6 +448,17 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
     team::run(threads, [&] { chain.run_team(dt, T, start, steps, tokens); });
 }
 
+// out: `rows` rows, row r the row r of each part side by side (part i: width[i] bytes a row); one
+// thread, as speclite_embed.
+void speclite_cat(const void *const *parts, const int64_t *width, int n, int64_t rows, void *out) {
+    char *to = (char *)out;
+    for (int64_t r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++) {
+            memcpy(to, (const char *)parts[i] + r * width[i], width[i]);
+            to += width[i];
+        }
+}
+
 // out [n, H] (dtype dt) = rows ids[0..n) of the embedding table [V, H] (dtype edt), as embed_row gives
 // them; one thread: a gather, done before the forward it feeds.
 void speclite_embed(const void *table, int edt, const int64_t *ids, int n, int H, void *out, int dt) {

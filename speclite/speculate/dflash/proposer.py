@@ -70,7 +70,7 @@ class DFlashProposer(Proposer):
     def _take(self, states: Step, first: int) -> None:
         """Context rows from the target's states of positions first.. join the pending rows."""
         with torch.inference_mode():
-            fused = self.draft.fuse(torch.cat([states.layers[i + 1] for i in self.draft.target_layers], dim=-1))
+            fused = self.draft.fuse(cpu_layer_ops.cat([states.layers[i + 1] for i in self.draft.target_layers], dim=-1))
         known = self.cache.length + self.pending.shape[0]
         if first > known:
             raise ValueError(f"DFlash states from position {first} leave a gap after {known}")
@@ -78,7 +78,7 @@ class DFlashProposer(Proposer):
             self.cache.rollback(first)
             self.pending = fused
         else:
-            self.pending = torch.cat([self.pending[: first - self.cache.length], fused])
+            self.pending = cpu_layer_ops.cat([self.pending[: first - self.cache.length], fused], dim=0)
 
     def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
         """On the CPU, target and drafter whole in the kernels: the iterations in one C call (the

@@ -47,7 +47,7 @@ class Eagle3Proposer(Proposer):
 
     def _states(self, step: Step) -> torch.Tensor:
         """The head's state input for each row of `step`: fc over the concatenated layer inputs."""
-        return self.head.fuse(torch.cat([step.layers[i] for i in self.head.aux_layers], dim=-1))
+        return self.head.fuse(cpu_layer_ops.cat([step.layers[i] for i in self.head.aux_layers], dim=-1))
 
     def resident(self) -> tuple[list, list]:
         return [self.head], [self.cache]
@@ -94,7 +94,7 @@ class Eagle3Proposer(Proposer):
             self.pending = fused
         else:
             kept = self.pending[: first - self.committed] if self.pending is not None else fused[:0]
-            self.pending = torch.cat([kept, fused])
+            self.pending = cpu_layer_ops.cat([kept, fused], dim=0)
 
     def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
         """On the CPU, target and head whole in the kernels and a chain asked for: the iterations in one
