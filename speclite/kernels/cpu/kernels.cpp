@@ -346,6 +346,33 @@ struct Captured {
     }
 };
 
+// The target's side of an iteration over a drafter that reads its states: the rows [token, drafts]
+// (feed, thread 0), the pass capturing the layers the drafter reads, the verdict and the stood rows'
+// states joined (pass_team).
+struct Verification {
+    const Decoder *target;
+    const Model &t;
+    int dt, V;
+    std::vector<char> x, out, logits;
+    Captured captured;
+
+    Verification(const Decoder *target_, const Model &t_, int dt_, int k, const int *aux, int n_aux)
+        : target(target_), t(t_), dt(dt_), V(target_->head->mats->n),
+          x((size_t)(dt_ == F32 ? 4 : 2) * target_->layers[0]->o->n * (k + 1)), out(x.size()),
+          logits((size_t)(dt_ == F32 ? 4 : 2) * V * (k + 1)), captured(target_->n, aux, n_aux, k + 1, x.size() / (k + 1)) {}
+    void feed(int token, const int *drafts, int kk) { embed_iteration(x.data(), dt, *target, token, drafts, kk); }
+    // Every thread (the model's reserved for k + 1 rows); thread 0 then sets n to how many of the kk
+    // drafts stood and best to the target's token after them. normed: the rows' final normed states,
+    // where wanted.
+    void pass_team(int t_len, const int *drafts, int kk, void *normed, int &n, int &best) {
+        t.forward_team(target->step(dt, kk + 1, t_len), x.data(), nullptr, out.data(), captured.at.data(),
+                       target->caches_k, target->caches_v, kk + 1, normed, logits.data());
+        if (team::id() != 0) return;
+        n = Iterations::stood(logits.data(), dt, V, drafts, kk, best);
+        captured.join(out.data(), kk + 1, n);
+    }
+};
+
 }  // namespace
 
 extern "C" {
@@ -578,7 +605,7 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
                          const int *pairs, int T, const void *pending, int token, int k, int room, const int *eos,
                          int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
                          int64_t *verify_ns, void *pending_out, int *lengths, int threads) {
-    const int H = target->layers[0]->o->n, V = target->head->mats->n, L = target->n;
+    const int H = target->layers[0]->o->n, L = target->n;
     const int64_t es = dt == F32 ? 4 : 2, trow = es * H;
     Model t{target->layers, L, target->head, layer_buffers, scratch, layer_states};
     t.reserve(k + 1, k + 1, dt);
@@ -586,9 +613,8 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
     HeadChain hc{{&layer, 1, head, head_buffers, scratch, head_states}, target->embed, target->edt, vocab_map,
                  head_k, head_v, head_cos, head_sin, head_max_len, 0, head_scale, normed_state};
     hc.reserve(std::max(T, k + 1), dt);
-    std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1));
     std::vector<char> normt(fuse ? 0 : trow * (k + 1));  // without fuse: the final normed states are the head's
-    Captured captured(L, aux, n_aux, k + 1, trow);
+    Verification v(target, t, dt, k, aux, n_aux);
     memcpy(hc.x.data(), pending, hc.row * T);
     for (int m = 0; m < T; m++) embed_row(hc.e.data() + hc.row * m, dt, target->embed, target->edt, pairs[m], hc.H);
     std::vector<int> drafts(k);
@@ -607,23 +633,20 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
             const int64_t t0 = team::now_ns();
             hc.run_team(dt, T, c, kk, drafts.data());
             if (team::id() == 0) {
-                embed_iteration(xt.data(), dt, *target, token, drafts.data(), kk);
+                v.feed(token, drafts.data(), kk);
                 draft_time = team::now_ns() - t0;
             }
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
-            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captured.at.data(),
-                           target->caches_k, target->caches_v, kk + 1, fuse ? nullptr : normt.data(), logt.data());
+            v.pass_team(t_len, drafts.data(), kk, fuse ? nullptr : normt.data(), n, best);
             if (team::id() == 0) {
-                n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
-                captured.join(outt.data(), kk + 1, n);
                 for (int r = 0; r <= n; r++)
                     embed_row(hc.e.data() + hc.row * r, dt, target->embed, target->edt, r < n ? drafts[r] : best, hc.H);
                 if (!fuse) memcpy(hc.x.data(), normt.data(), trow * (n + 1));
                 c += T, T = n + 1, t_len += n + 1, token = best;
             }
             t.sc.barrier.wait(team::size());
-            if (fuse) matmul_team(*fuse, captured.joined.data(), dt, T, hc.x.data(), t.sc);  // the next pending states
+            if (fuse) matmul_team(*fuse, v.captured.joined.data(), dt, T, hc.x.data(), t.sc);  // the next pending states
             if (team::id() == 0) {
                 out.record(drafts.data(), kk, n, best, draft_time, team::now_ns() - t1);
                 decide();
@@ -635,7 +658,6 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
     lengths[0] = t_len, lengths[1] = c, lengths[2] = T;
     return out.count;
 }
-
 
 // Greedy speculative iterations of a DFlash drafter (a block drafter over the target's states) and its
 // target in one call and one team, as the decode loop runs them one by one. The drafter's cache holds
@@ -669,10 +691,9 @@ int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Ma
     ::reserve(scratch, *fuse, k + 1);
     std::vector<char> ctx(trow * rows), kvs(es * kv_width * rows), fused(trow * (k + 1));
     std::vector<char> xd(trow * (k + 1)), outd(trow * (k + 1)), logd(es * V * k);
-    std::vector<char> xt(trow * (k + 1)), outt(trow * (k + 1)), logt(es * V * (k + 1));
     std::vector<uint8_t> sees((size_t)(k + 1) * draft->max_len, 1);  // the block sees every entry and itself
     std::vector<void *> no_d(draft->n + 1, nullptr);
-    Captured captured(L, aux, n_aux, k + 1, trow);
+    Verification v(target, t, dt, k, aux, n_aux);
     memcpy(ctx.data(), pending, trow * T);
     std::vector<int> drafts(k);
     Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
@@ -709,20 +730,15 @@ int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Ma
             for (int i = r0; i < r1; i++) drafts[i] = argmax(logd.data() + es * V * i, dt, V);
             t.sc.barrier.wait(team::size());
             if (team::id() == 0) {
-                embed_iteration(xt.data(), dt, *target, token, drafts.data(), kk);
+                v.feed(token, drafts.data(), kk);
                 draft_time = team::now_ns() - t0;
             }
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
-            t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), captured.at.data(),
-                           target->caches_k, target->caches_v, kk + 1, nullptr, logt.data());
-            if (team::id() == 0) {
-                n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
-                captured.join(outt.data(), kk + 1, n);
-                T = n + 1, t_len += n + 1, token = best;
-            }
+            v.pass_team(t_len, drafts.data(), kk, nullptr, n, best);
+            if (team::id() == 0) T = n + 1, t_len += n + 1, token = best;
             t.sc.barrier.wait(team::size());
-            matmul_team(*fuse, captured.joined.data(), dt, T, fused.data(), t.sc);  // the next pending rows: fc, then hidden_norm
+            matmul_team(*fuse, v.captured.joined.data(), dt, T, fused.data(), t.sc);  // the next pending rows: fc, then hidden_norm
             const auto [m0, m1] = team::share(T);
             for (int m = m0; m < m1; m++) rms_norm_row(fused.data(), fuse_norm, ctx.data(), dt, m, H, fuse_eps);
             t.sc.barrier.wait(team::size());
