@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speclite import kernels
+from speclite.kernels.cpu_threads import one_thread
 
 
 @dataclass
@@ -35,8 +36,14 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities [..., V] (float32) after temperature, then top-k, then top-p.
 
     Target and draft distributions must both pass through this same function: rejection
-    sampling is lossless only when p and q are compared after identical warping.
+    sampling is lossless only when p and q are compared after identical warping. On the CPU on the
+    calling thread (kernels.cpu_threads).
     """
+    with one_thread(logits.device):
+        return _warp(logits, params)
+
+
+def _warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -59,7 +66,8 @@ def sample(probs: torch.Tensor, uniform: torch.Tensor) -> int:
     fixed-point routine from the request's generator, so the same seed gives the same text
     whichever path drew it.
     """
-    return int(kernels.sample_probs(probs, uniform))
+    with one_thread(probs.device):
+        return int(kernels.sample_probs(probs, uniform))
 
 
 def uniform(generator: torch.Generator) -> torch.Tensor:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speclite.engine.stats import RequestStats
+from speclite.kernels.cpu_threads import one_thread
 from speclite.model import KVCache, Transformer
 from speclite.model.step import NOTHING, Tree
 from speclite.sampling import SamplingParams, make_generator
@@ -125,7 +126,8 @@ class Decoding:
                     tree = None if proposal.is_chain else Tree.of(proposal.parents, device)
                     step = target.step(torch.tensor([token] + proposal.tokens, device=device), cache, tree=tree,
                                        wants=wants)
-                    path, token = verifier(proposal, step.logits, params, generator)
+                    with one_thread(device):  # a sampled verdict's torch ops, before the next forward
+                        path, token = verifier(proposal, step.logits, params, generator)
                     rows = [0] + [1 + i for i in path]  # the forward's rows that stand
                     cache.keep([start + r for r in rows])
                     new = [proposal.tokens[i] for i in path] + [token]
