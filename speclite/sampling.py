@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speclite import kernels
+from speclite.kernels import cpu_sampling
 from speclite.kernels.cpu_threads import one_thread
 
 
@@ -36,14 +37,18 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities [..., V] (float32) after temperature, then top-k, then top-p.
 
     Target and draft distributions must both pass through this same function: rejection
-    sampling is lossless only when p and q are compared after identical warping. On the CPU on the
-    calling thread (kernels.cpu_threads).
+    sampling is lossless only when p and q are compared after identical warping. On the CPU the
+    kernels' warp (kernels.cpu_sampling: the numbers of their sampling loops), else torch's (on the
+    calling thread: kernels.cpu_threads).
     """
+    if cpu_sampling.takes(logits):
+        return cpu_sampling.warp(logits, params.temperature, params.top_k, params.top_p)
     with one_thread(logits.device):
-        return _warp(logits, params)
+        return torch_warp(logits, params)
 
 
-def _warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def torch_warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """warp in torch ops: the GPU's, and the reference of the kernels' warp."""
     logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -66,6 +71,8 @@ def sample(probs: torch.Tensor, uniform: torch.Tensor) -> int:
     fixed-point routine from the request's generator, so the same seed gives the same text
     whichever path drew it.
     """
+    if cpu_sampling.takes(probs):
+        return cpu_sampling.draw(probs, float(uniform))
     with one_thread(probs.device):
         return int(kernels.sample_probs(probs, uniform))
 
@@ -73,6 +80,13 @@ def sample(probs: torch.Tensor, uniform: torch.Tensor) -> int:
 def uniform(generator: torch.Generator) -> torch.Tensor:
     """One uniform draw in [0, 1) from the request's generator (on its device)."""
     return torch.rand((), generator=generator, device=generator.device)
+
+
+def uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
+    """n uniform draws at once: on the CPU the very numbers of n calls of uniform() (torch draws a
+    tensor's values one after the other from the same stream; tested), so a loop that samples n
+    tokens in one call draws what its iterations one by one would."""
+    return torch.rand(n, generator=generator, device=generator.device)
 
 
 def argmax(logits: torch.Tensor) -> int:

@@ -22,6 +22,10 @@ def test_one_thread_inside_and_the_count_restored_after_an_error():
 
 
 def test_warp_and_sample_run_their_torch_ops_on_one_thread(monkeypatch):
+    """Where the kernels' sampling does not run (no kernels): torch's ops, on one thread."""
+    from speclite.kernels import cpu_sampling
+
+    monkeypatch.setattr(cpu_sampling, "takes", lambda x: False)
     seen = []
     for name in ("softmax", "cumsum"):
         real = getattr(torch.Tensor, name)

@@ -91,8 +91,9 @@ class Decoding:
 
         try:
             token, produced, step_s = prompt[-1], 0, None
-            # May iterations run in calls of their own: argmax verification (not a debugging policy's).
-            chunked = params.greedy and not params.stop and (spec is None or verifier is greedy)
+            # May iterations run in calls of their own: plain decoding, or argmax verification (not a
+            # debugging policy's).
+            chunked = not params.stop and (spec is None or (params.greedy and verifier is greedy))
             eos = set() if params.ignore_eos else request.eos_ids
             while True:
                 room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
@@ -100,17 +101,19 @@ class Decoding:
                     return
                 k = min(spec.length.next_k(), room - 1) if spec is not None else 0
                 started, start = time.perf_counter(), cache.length
-                # Greedy decoding, once an iteration is timed: about CHUNK_S of iterations in one call
-                # where the CPU kernels can, without Python between them (the tokens of iterations one
-                # by one): plain steps as the target's greedy chain, speculative iterations where the
-                # proposer runs them with the target (greedy_run); streamed after each call. Not with a
-                # stop string: the engine looks for it after every token. Declined once (no kernels
-                # for these models or device), declined for the request.
+                # Once an iteration is timed: about CHUNK_S of iterations in one call where the CPU
+                # kernels can, without Python between them (the tokens of iterations one by one): plain
+                # steps as the target's chain (greedy, or sampled with the generator's next uniforms),
+                # greedy speculative iterations where the proposer runs them with the target
+                # (greedy_run); streamed after each call. Not with a stop string: the engine looks for
+                # it after every token. Declined once (no kernels for these models or device), declined
+                # for the request.
                 run = None
                 if chunked and step_s:
                     if spec is None:
-                        steps = min(room, int(CHUNK_S / step_s))
-                        chain = target.greedy_chain(token, cache, steps, target.args.vocab_size) if steps > 1 else []
+                        steps, vocab = min(room, int(CHUNK_S / step_s)), target.args.vocab_size
+                        chain = ([] if steps < 2 else target.greedy_chain(token, cache, steps, vocab) if params.greedy
+                                 else target.sampled_chain(token, cache, steps, vocab, params, generator))
                         run = None if chain is None else [Iteration(0, 0, [t], 0.0, 0.0) for t in chain]
                     elif k > 0:
                         run = spec.proposer.greedy_run(target, cache, token, k, room, eos, CHUNK_S)

@@ -125,7 +125,7 @@ class Layers:
 
 
 class Decoder(ctypes.Structure):
-    """A whole model for the C calls that run several of its forwards (greedy_chain, draft_greedy, head_greedy,
+    """A whole model for the C calls that run several of its forwards (chain, draft_greedy, head_greedy,
     dflash_greedy):
     its Layers (with their Head), embedding table, KV cache and the RoPE rows of every cache
     position. Mirrors struct Decoder in kernels.cpp."""
@@ -204,17 +204,21 @@ def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torc
     return out, captured, None if head is None else (normed, logits)
 
 
-def greedy_chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int) -> list[int]:
-    """`steps` greedy tokens after `token`, in one call and one thread team: the token embedded and run
-    through the whole model (a Decoder) at cache position start, the argmax of its first `vocab`
-    logits fed at start + 1, and so on; the cache gains `steps` entries. The tokens k single
-    decoder_layers steps would give."""
+def chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int, warp=None,
+          uniforms: torch.Tensor | None = None) -> list[int]:
+    """`steps` tokens after `token`, in one call and one thread team: the token embedded and run
+    through the whole model (a Decoder) at cache position start, the pick from its first `vocab`
+    logits fed at start + 1, and so on; the cache gains `steps` entries. The pick is the argmax, or
+    with `warp` (a cpu_sampling.Warp) the draw with uniforms[i] (float32 [steps]) from the logits'
+    warp. The tokens k single decoder_layers steps and the loop's picks would give."""
     tokens = (ctypes.c_int * steps)()
     rope = start * decoder.rope_row
-    _library().speclite_greedy_chain(
+    uniforms = None if warp is None else uniforms.to(torch.float32).contiguous()
+    _library().speclite_chain(
         decoder.layers, decoder.n, decoder.head, decoder.embed, decoder.edt, token, decoder.caches_k, decoder.caches_v,
         DTYPES[decoder.dtype], decoder.cos + rope, decoder.sin + rope, decoder.max_len, start, decoder.scale, vocab,
-        steps, tokens, torch.get_num_threads())
+        None if warp is None else ctypes.byref(warp), None if uniforms is None else uniforms.data_ptr(), steps, tokens,
+        torch.get_num_threads())
     return list(tokens)
 
 
@@ -329,8 +333,8 @@ SIGNATURES = {
     "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _P, _F, _I],
     "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
                                 ctypes.POINTER(Head), _I, _P, _P, _I],
-    "speclite_greedy_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I,
-                              ctypes.POINTER(ctypes.c_int), _I],
+    "speclite_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _P, _P, _I,
+                       ctypes.POINTER(ctypes.c_int), _I],
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
     "speclite_draft_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,

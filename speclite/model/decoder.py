@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclite import kernels
-from speclite.kernels import cpu_gemm, cpu_layer_ops
+from speclite.kernels import cpu_gemm, cpu_layer_ops, cpu_sampling
 from speclite.kernels.dense import HALF
 from speclite.errors import SpecliteError
 from speclite.model.kv_cache import KVCache
 from speclite.model.step import NOTHING, Step, Tree, Wants
+from speclite.sampling import SamplingParams, uniforms
 
 # HF architecture name -> our family tag.
 ARCHITECTURES = {
@@ -437,10 +438,22 @@ class Transformer(nn.Module):
         not (or a sliding window or an embedding hook asks for the step-by-step path): the caller
         then steps. A draft model's greedy chain and plain greedy decoding's chunks, without Python
         between their tokens."""
+        return self._chain(token, cache, steps, vocab, None, None)
+
+    def sampled_chain(self, token: int, cache: KVCache, steps: int, vocab: int, params: SamplingParams,
+                      generator: torch.Generator) -> list[int] | None:
+        """As greedy_chain, each token drawn from the warp (params) of the first `vocab` logits with the
+        next uniform of `generator`, as speclite.sampling.pick draws it on the CPU: plain sampled
+        decoding's chunks. Where it declines, nothing is drawn."""
+        warp = cpu_sampling.Warp(params.temperature, params.top_k, params.top_p)
+        return self._chain(token, cache, steps, vocab, warp, generator)
+
+    def _chain(self, token, cache, steps, vocab, warp, generator) -> list[int] | None:
         start, whole = cache.length, self.kernel_decoder(cache)
         if whole is None or start + steps > cache.max_len:
             return None
-        tokens = cpu_layer_ops.greedy_chain(whole, token, start, vocab, steps)
+        drawn = None if warp is None else uniforms(generator, steps)
+        tokens = cpu_layer_ops.chain(whole, token, start, vocab, steps, warp, drawn)
         cache.length = start + steps
         return tokens
 

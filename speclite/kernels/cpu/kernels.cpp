@@ -4,6 +4,7 @@
 // in one call and one team, so a decode step starts the team once, not ten times a layer.
 #include "gemm.h"
 #include "layer_ops.h"
+#include "sampling.h"
 
 namespace {
 
@@ -102,6 +103,20 @@ inline int argmax(const void *logits, int dt, int n) {
 
 thread_local Buffers layer_buffers;         // the caller's: the team shares them
 thread_local std::vector<char> layer_states;
+
+// A row's next token: the argmax of its first `vocab` logits, or where `warp` is set the draw with
+// the uniform u from their warp (sampling.h): the numbers of speclite.sampling.pick on the CPU.
+struct Pick {
+    const Warp *warp;
+    WarpScratch s;
+    std::vector<float> probs;
+    int operator()(const void *logits, int dt, int vocab, float u) {
+        if (!warp) return argmax(logits, dt, vocab);
+        probs.resize(vocab);
+        warp_row(logits, dt, vocab, *warp, probs.data(), s);
+        return draw(probs.data(), vocab, u);
+    }
+};
 
 // One layer, run by every thread of a team (see speclite_decoder_layers; e: a drafting head's
 // embedding rows, else null). Ends in a barrier.
@@ -424,21 +439,24 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, c
     if (captures[n]) memcpy(captures[n], out, model.bytes);
 }
 
-// n greedy tokens after `token`, as n single steps of speclite_decoder_layers would give them, in one
-// team: the token's embedding row (embed [V', H] of dtype edt) goes through the layers at
-// position start (cos/sin: the RoPE rows of positions start.., d values each), the head's argmax
-// over its first `vocab` logits is tokens[0] and is fed at start + 1, and so on: the cache gains n
-// entries. A draft model's chain, or plain greedy decoding, without a return to Python per token.
-// The argmax is the first of equal maxima, a NaN counting as the largest, as torch.argmax.
-void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int edt, int token,
-                           void *const *caches_k, void *const *caches_v, int dt, const void *cos, const void *sin,
-                           int max_len, int start, float scale, int vocab, int steps, int *tokens, int threads) {
+// n tokens after `token`, as n single steps of speclite_decoder_layers and the loop's picks would give
+// them, in one team: the token's embedding row (embed [V', H] of dtype edt) goes through the layers
+// at position start (cos/sin: the RoPE rows of positions start.., d values each), the pick from its
+// first `vocab` logits is tokens[0] and is fed at start + 1, and so on: the cache gains n entries.
+// The pick is the argmax (the first of equal maxima, a NaN counting as the largest, as
+// torch.argmax), or where `warp` is set the draw with uniforms[i] from the logits' warp (Pick). A
+// draft model's chain, or plain decoding, without a return to Python per token.
+void speclite_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int edt, int token,
+                    void *const *caches_k, void *const *caches_v, int dt, const void *cos, const void *sin, int max_len,
+                    int start, float scale, int vocab, const Warp *warp, const float *uniforms, int steps, int *tokens,
+                    int threads) {
     Model model{layers, n, head, layer_buffers, scratch, layer_states};
     model.reserve(1, 1, dt);
     const int H = layers[0]->o->n, d = layers[0]->head_dim, V = head->mats->n;
     const int64_t es = dt == F32 ? 4 : 2;
     std::vector<char> x(es * H), out(es * H), logits(es * V);
     std::vector<void *> captures(n + 1, nullptr);
+    Pick pick{warp};
     embed_row(x.data(), dt, embed, edt, token, H);
     team::run(threads, [&] {
         for (int i = 0; i < steps; i++) {
@@ -446,7 +464,7 @@ void speclite_greedy_chain(const Layer *const *layers, int n, const Head *head, 
                           start + i, start + i + 1, scale};
             model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
             if (team::id() == 0) {
-                tokens[i] = argmax(logits.data(), dt, std::min(vocab, V));
+                tokens[i] = pick(logits.data(), dt, std::min(vocab, V), warp ? uniforms[i] : 0.f);
                 embed_row(x.data(), dt, embed, edt, tokens[i], H);
             }
             model.sc.barrier.wait(team::size());  // the next step reads x
@@ -474,6 +492,17 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
     for (int m = 0; m < T; m++) embed_row(chain.e.data() + chain.row * m, dt, embed, edt, first[m], chain.H);
     team::run(threads, [&] { chain.run_team(dt, T, start, steps, tokens); });
 }
+
+// probs [rows, V] (fp32) = each row of logits [rows, V] (dtype dt) warped (sampling.h's warp_row);
+// the calling thread alone.
+void speclite_warp(const void *logits, int dt, int rows, int V, float temperature, int top_k, float top_p,
+                   float *probs) {
+    thread_local WarpScratch s;
+    for (int r = 0; r < rows; r++) warp_row(at(logits, dt, (int64_t)r * V), dt, V, {temperature, top_k, top_p}, probs + (int64_t)r * V, s);
+}
+
+// The inverse-CDF draw from weights [V] with the uniform u (sampling.h's draw).
+int speclite_draw(const float *weights, int V, float u) { return draw(weights, V, u); }
 
 // out: `rows` rows, row r the row r of each part side by side (part i: width[i] bytes a row); one
 // thread, as speclite_embed.
