@@ -89,6 +89,21 @@ def uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
     return torch.rand(n, generator=generator, device=generator.device)
 
 
+class Ahead:
+    """n uniforms drawn ahead of a call that takes some of them in order: settle(used) leaves the
+    generator as if only those had been drawn, so the loop's next draws are what its iterations one
+    by one would draw."""
+
+    def __init__(self, generator: torch.Generator, n: int):
+        self.generator, self.state = generator, generator.get_state()
+        self.values = uniforms(generator, n)
+
+    def settle(self, used: int) -> None:
+        self.generator.set_state(self.state)
+        if used:
+            uniforms(self.generator, used)
+
+
 def argmax(logits: torch.Tensor) -> int:
     """The index of the largest of logits [V] (the first of equals; a NaN counts as largest, as in
     torch.argmax). On the CPU through numpy where it can read the dtype: torch's dispatch costs more

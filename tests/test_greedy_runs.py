@@ -1,4 +1,4 @@
-"""Greedy speculative iterations many per C call (a proposer's greedy_run: speclite_draft_greedy for
+"""Greedy speculative iterations many per C call (a proposer's greedy_run: speclite_draft_iterations for
 draft models, autoregressive and parallel; EAGLE-3's in test_eagle3_loop.py): the same tokens, the
 same iterations and the same caches and proposer state as the loop's iterations one by one; and
 the loop's own iterations where the models are not whole in the kernels."""
@@ -43,7 +43,7 @@ def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, pard, meth
         llm = spec_llm(target, draft, method, k, quant)
         for prompt in PROMPTS[k % 3 :: 3]:
             eos_in_c += greedy_runs_match(lambda eos, room: run_loop(llm, prompt, k, eos, room), DraftModelProposer,
-                                          "draft_greedy", monkeypatch, 40, (k, prompt))
+                                          "draft_iterations", monkeypatch, 40, (k, prompt))
     assert eos_in_c >= 3
 
 

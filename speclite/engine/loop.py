@@ -25,7 +25,7 @@ from speclite.model.step import NOTHING, Tree
 from speclite.sampling import SamplingParams, make_generator
 from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.schedule import SpecLength
-from speclite.speculate.verify import get_verifier, greedy, reject_all
+from speclite.speculate.verify import get_verifier, greedy, reject_all, rejection
 
 NO_DRAFTS = Proposal([])
 CHUNK_S = 0.02  # plain greedy decoding's chunk: seconds of steps per call (a decode step or more)
@@ -91,9 +91,9 @@ class Decoding:
 
         try:
             token, produced, step_s = prompt[-1], 0, None
-            # May iterations run in calls of their own: plain decoding, or argmax verification (not a
-            # debugging policy's).
-            chunked = not params.stop and (spec is None or (params.greedy and verifier is greedy))
+            # May iterations run in calls of their own: plain decoding, argmax verification or rejection
+            # sampling (not a debugging policy's, nor another verifier's).
+            chunked = not params.stop and (spec is None or verifier is (greedy if params.greedy else rejection))
             eos = set() if params.ignore_eos else request.eos_ids
             while True:
                 room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
@@ -104,8 +104,8 @@ class Decoding:
                 # Once an iteration is timed: about CHUNK_S of iterations in one call where the CPU
                 # kernels can, without Python between them (the tokens of iterations one by one): plain
                 # steps as the target's chain (greedy, or sampled with the generator's next uniforms),
-                # greedy speculative iterations where the proposer runs them with the target
-                # (greedy_run); streamed after each call. Not with a stop string: the engine looks for
+                # speculative iterations where the proposer runs them with the target (greedy_run,
+                # sampled_run); streamed after each call. Not with a stop string: the engine looks for
                 # it after every token. Declined once (no kernels for these models or device), declined
                 # for the request.
                 run = None
@@ -115,8 +115,10 @@ class Decoding:
                         chain = ([] if steps < 2 else target.greedy_chain(token, cache, steps, vocab) if params.greedy
                                  else target.sampled_chain(token, cache, steps, vocab, params, generator))
                         run = None if chain is None else [Iteration(0, 0, [t], 0.0, 0.0) for t in chain]
-                    elif k > 0:
+                    elif k > 0 and params.greedy:
                         run = spec.proposer.greedy_run(target, cache, token, k, room, eos, CHUNK_S)
+                    elif k > 0:
+                        run = spec.proposer.sampled_run(target, cache, token, k, room, eos, CHUNK_S, params, generator)
                     chunked = run is not None
                 if run:
                     new = [t for iteration in run for t in iteration.tokens]

@@ -125,7 +125,7 @@ class Layers:
 
 
 class Decoder(ctypes.Structure):
-    """A whole model for the C calls that run several of its forwards (chain, draft_greedy, head_greedy,
+    """A whole model for the C calls that run several of its forwards (chain, draft_iterations, head_greedy,
     dflash_greedy):
     its Layers (with their Head), embedding table, KV cache and the RoPE rows of every cache
     position. Mirrors struct Decoder in kernels.cpp."""
@@ -245,18 +245,22 @@ def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.T
     return list(drafts)
 
 
-def draft_greedy(target: Decoder, draft: Decoder, t_len: int, d_len: int, unseen: list[int], mask: int | None,
-                 token: int, k: int, d_vocab: int, room: int, eos: set[int], seconds: float):
-    """Greedy speculative iterations of a draft model (parallel, from `mask` tokens; or autoregressive,
-    mask None) and its target in one call (see speclite_draft_greedy): ([per iteration (drafts
-    offered, drafts stood, new tokens, draft s, verify s)], the target's and the draft's cache lengths
-    after them)."""
-    run, lengths = _Run(room), (ctypes.c_int * 2)()
-    n = _library().speclite_draft_greedy(
+def draft_iterations(target: Decoder, draft: Decoder, t_len: int, d_len: int, unseen: list[int], mask: int | None,
+                     token: int, k: int, d_vocab: int, room: int, eos: set[int], seconds: float, warp=None,
+                     uniforms: torch.Tensor | None = None):
+    """Speculative iterations of a draft model (parallel, from `mask` tokens; or autoregressive, mask
+    None) and its target in one call (see speclite_draft_iterations): greedy, or with `warp` (a
+    cpu_sampling.Warp) rejection sampling with `uniforms` (float32, taken in the loop's order; the
+    call stops before it would run out). ([per iteration (drafts offered, drafts stood, new tokens,
+    draft s, verify s)], the target's and the draft's cache lengths after them, the uniforms used)."""
+    run, lengths = _Run(room), (ctypes.c_int * 3)()
+    uniforms = None if warp is None else uniforms.to(torch.float32).contiguous()
+    n = _library().speclite_draft_iterations(
         ctypes.byref(target), ctypes.byref(draft), DTYPES[target.dtype], t_len, d_len, *_ints(unseen),
-        -1 if mask is None else mask, token, k, d_vocab, room, *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs,
-        lengths, torch.get_num_threads())
-    return run.iterations(n), (lengths[0], lengths[1])
+        -1 if mask is None else mask, token, k, d_vocab, room, None if warp is None else ctypes.byref(warp),
+        None if uniforms is None else uniforms.data_ptr(), 0 if uniforms is None else uniforms.numel(),
+        *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, lengths, torch.get_num_threads())
+    return run.iterations(n), (lengths[0], lengths[1]), lengths[2]
 
 
 def head_greedy(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None, fuse: Matrices | None,
@@ -305,7 +309,7 @@ def _ints(values: list[int]) -> tuple:
 
 
 class _Run:
-    """What a call of greedy speculative iterations fills: the new tokens, and per iteration the drafts
+    """What a call of speculative iterations fills: the new tokens, and per iteration the drafts
     offered and stood and the ns spent drafting and verifying (at most `room` iterations: each
     brings a token)."""
 
@@ -337,8 +341,8 @@ SIGNATURES = {
                        ctypes.POINTER(ctypes.c_int), _I],
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
-    "speclite_draft_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I, _I,
-                              _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
+    "speclite_draft_iterations": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I,
+                                  _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
     "speclite_head_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
                              ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I,
                              _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],

@@ -106,6 +106,15 @@ class Proposer(ABC):
         models cannot): the loop runs its iterations one by one."""
         return None
 
+    def sampled_run(self, target, cache, token: int, k: int, room: int, eos: set[int], seconds: float,
+                    params, generator) -> list[Iteration] | None:
+        """As greedy_run under rejection sampling (params: the request's SamplingParams): drafts drawn
+        from this proposer's warped distributions and verified as the `rejection` verifier verifies
+        a chain, with the generator's uniforms taken in the loop's order, so the tokens and the
+        generator's state are those of the iterations one by one. None (the default, or where the
+        models cannot): the loop runs its iterations one by one."""
+        return None
+
     def states_from(self, prompt_ids: list[int]) -> int:
         """The first position of `prompt_ids` whose target states this proposer (which keeps what it
         drew from earlier ones) still needs: the prefill returns states from there on, recomputing

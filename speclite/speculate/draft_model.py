@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from speclite.kernels import cpu_layer_ops
+from speclite.kernels import cpu_layer_ops, cpu_sampling
 from speclite.model import Transformer
 from speclite.model.kv_cache import shared_prefix
-from speclite.sampling import row_argmaxes, sample, uniform, warp
+from speclite.sampling import Ahead, row_argmaxes, sample, uniform, warp
 from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.registry import Method, register
 
@@ -113,14 +113,27 @@ class DraftModelProposer(Proposer):
         """On the CPU, both models whole in the kernels: the iterations in one C call, the draft's
         forward (or forwards), its argmaxes, the target's pass and the acceptance each time (on the
         embedded pair the Python around each model call cost more than the draft forward itself)."""
+        return self._run(target, cache, token, k, room, eos, seconds, None, None)
+
+    def sampled_run(self, target, cache, token, k, room, eos, seconds, params, generator) -> list[Iteration] | None:
+        """greedy_run's C call drawing the drafts, accepting them and drawing the next token as the
+        loop's rejection sampling does (uniforms for up to 64 iterations drawn ahead, the generator
+        then left past the ones used)."""
+        warp = cpu_sampling.Warp(params.temperature, params.top_k, params.top_p)
+        return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
+
+    def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         if self.cache.length >= len(self.tokens):
             self.cache.rollback(len(self.tokens) - 1)
         ours, theirs = self.model.kernel_decoder(self.cache), target.kernel_decoder(cache)
         if ours is None or theirs is None or ours.dtype != theirs.dtype:
             return None
-        run, (cache.length, self.cache.length) = cpu_layer_ops.draft_greedy(
+        ahead = None if warp is None else Ahead(generator, min(room, 64) * (2 * k + 1))
+        run, (cache.length, self.cache.length), used = cpu_layer_ops.draft_iterations(
             theirs, ours, cache.length, self.cache.length, self.tokens[self.cache.length :], self.mask_token, token, k,
-            self.target_vocab, room, eos, seconds)
+            self.target_vocab, room, eos, seconds, warp, None if ahead is None else ahead.values)
+        if ahead is not None:
+            ahead.settle(used)
         run = [Iteration(*iteration) for iteration in run]
         for iteration in run:
             self.tokens.extend(iteration.tokens)

@@ -521,27 +521,34 @@ void speclite_embed(const void *table, int edt, const int64_t *ids, int n, int H
     for (int m = 0; m < n; m++) embed_row(at(out, dt, (int64_t)m * H), dt, table, edt, ids[m], H);
 }
 
-// Greedy speculative iterations of a draft model and its target in one call and one team, as the
-// decode loop runs them one by one (each forward is speclite_decoder_layers' on the same rows, so
-// the same tokens). An iteration: the draft reads the committed tokens it has not seen (`unseen`,
-// at its cache position d_len..) and proposes k drafts, the argmaxes over its first d_vocab logits:
+// Speculative iterations of a draft model and its target in one call and one team, as the decode
+// loop runs them one by one (each forward is speclite_decoder_layers' on the same rows, so the same
+// tokens). An iteration: the draft reads the committed tokens it has not seen (`unseen`, at its
+// cache position d_len..) and proposes k drafts:
 //   a parallel draft (PARD, mask >= 0) in the same forward, from k - 1 `mask` tokens after them (its
 //     last k rows); its cache keeps the real tokens' entries (the masks' are overwritten next);
 //   an autoregressive one (mask < 0) from its last row, then each draft fed in turn (k - 1 one-row
 //     forwards); its cache keeps the fed drafts that stand.
-// The target reads `token` and the drafts at t_len.., each row's argmax over its logits; drafts stand
-// while they equal the argmax at the row before, and the stood drafts plus the target's token after
-// them are the iteration's new tokens (those the draft has not read are the next `unseen`; the last
-// one the next `token`). The target's cache keeps its stood rows' entries (t_len advances past them).
+// The target reads `token` and the drafts at t_len... Greedy (warp null): a draft is the argmax of its
+// row's first d_vocab logits; drafts stand while they equal the target's argmax at the row before,
+// and the target's token after them comes next. Sampled: a draft is drawn (sampling.h) from its row's
+// warp over the target's vocabulary (the draft's logits cut to it, or padded with -inf) and the
+// target's rows are warped too; the drafts stand and the next token is drawn as `rejection` decides
+// (sampling.h, the loop's rejection sampling of a chain), the uniforms taken in the loop's order: the
+// k drafts', the k acceptances', the next token's. The stood drafts plus that token are the
+// iteration's new tokens (those the draft has not read are the next `unseen`; the last one the next
+// `token`). The target's cache keeps its stood rows' entries (t_len advances past them).
 // k shrinks to fit both caches and `room` new tokens, at least one left to the target; the call
-// stops where that leaves no draft, after an iteration whose new tokens hold one of eos[0..n_eos), or
-// once budget_ns have passed. Out: the new tokens in order, per iteration the drafts offered
-// (drafted), stood (accepted) and the ns spent drafting and verifying; lengths = the caches' final
-// lengths (target, draft). Returns the number of iterations.
-int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, int t_len, int d_len,
-                          const int *unseen, int n_unseen, int mask, int token, int k, int d_vocab, int room,
-                          const int *eos, int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted,
-                          int64_t *draft_ns, int64_t *verify_ns, int *lengths, int threads) {
+// stops where that leaves no draft, after an iteration whose new tokens hold one of eos[0..n_eos),
+// once budget_ns have passed, or where fewer than 2k + 1 of the n_uniforms are left. Out: the new
+// tokens in order, per iteration the drafts offered (drafted), stood (accepted) and the ns spent
+// drafting and verifying; lengths = the caches' final lengths (target, draft) and the uniforms used.
+// Returns the number of iterations.
+int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int dt, int t_len, int d_len,
+                              const int *unseen, int n_unseen, int mask, int token, int k, int d_vocab, int room,
+                              const Warp *warp, const float *uniforms, int n_uniforms, const int *eos, int n_eos,
+                              int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
+                              int64_t *verify_ns, int *lengths, int threads) {
     const int H = target->layers[0]->o->n, Hd = draft->layers[0]->o->n, Vrow = draft->head->mats->n;
     const int V = target->head->mats->n, Vd = std::min(d_vocab, Vrow);
     const int64_t es = dt == F32 ? 4 : 2;
@@ -555,19 +562,39 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
     std::vector<char> xd(es * Hd * first_rows), outd(es * Hd * first_rows), logd(es * Vrow * k);
     std::vector<int> fed(unseen, unseen + n_unseen), drafts(k);
     std::vector<void *> no_t(target->n + 1, nullptr), no_d(draft->n + 1, nullptr);
+    // Sampling's rows: the drafts' and the target's warps (V wide), a draft's logits padded to V.
+    std::vector<float> q(warp ? (size_t)V * k : 0), p(warp ? (size_t)V * (k + 1) : 0), padded, residual;
+    std::vector<WarpScratch> warps(warp ? threads : 0);
     Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
-    int kk = 0;  // this iteration's drafts (0: stop), thread 0's to decide
+    int kk = 0, used = 0;  // this iteration's drafts (0: stop) and the uniforms taken, thread 0's
     int64_t draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration: its k and the draft's rows
         const int r = std::min(room - out.produced, target->max_len - t_len);
         kk = std::min({k, r - 1, draft->max_len - (d_len + (int)fed.size()) + 1});
-        if (out.stop || kk < 1) {
+        if (out.stop || kk < 1 || (warp && n_uniforms - used < 2 * kk + 1)) {
             kk = 0;
             return;
         }
         const int M = (int)fed.size() + (parallel ? kk - 1 : 0);
         for (int m = 0; m < M; m++)
             embed_row(xd.data() + es * Hd * m, dt, draft->embed, draft->edt, m < (int)fed.size() ? fed[m] : mask, Hd);
+    };
+    // Draft i from the draft's logits row (thread `slot`'s scratch): the argmax, or drawn from its warp.
+    auto propose = [&](const char *row, int i, int slot) {
+        if (!warp) {
+            drafts[i] = argmax(row, dt, Vd);
+            return;
+        }
+        const void *logits = row;
+        int ldt = dt;
+        if (Vrow < V) {  // over the target's vocabulary: the rows it lacks can never be drafted
+            padded.resize(V);
+            widen(row, dt, 0, Vrow, padded.data());
+            std::fill(padded.begin() + Vrow, padded.end(), -INFINITY);
+            logits = padded.data(), ldt = F32;
+        }
+        warp_row(logits, ldt, V, *warp, q.data() + (int64_t)V * i, warps[slot]);
+        drafts[i] = draw(q.data() + (int64_t)V * i, V, uniforms[used + i]);
     };
     team::run(threads, [&] {
         if (team::id() == 0) decide();
@@ -577,15 +604,17 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
             const int M = (int)fed.size() + (parallel ? kk - 1 : 0), R = parallel ? kk : 1;
             d.forward_team(draft->step(dt, M, d_len), xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k,
                            draft->caches_v, R, nullptr, logd.data());
-            const auto [r0, r1] = team::share(R);  // a parallel draft's argmaxes shared (row 0: thread 0's)
-            for (int i = r0; i < r1; i++) drafts[i] = argmax(logd.data() + es * Vrow * i, dt, Vd);
+            // A parallel draft's rows shared by the team (row 0: thread 0's; a padded row's buffer is
+            // thread 0's alone, so then thread 0 takes them all).
+            const auto [r0, r1] = warp && Vrow < V ? std::pair<int, int>{0, team::id() == 0 ? R : 0} : team::share(R);
+            for (int i = r0; i < r1; i++) propose(logd.data() + es * Vrow * i, i, team::id());
             if (R > 1) t.sc.barrier.wait(team::size());  // thread 0 reads them all next
             for (int i = 1; !parallel && i < kk; i++) {  // an autoregressive draft's chain
                 if (team::id() == 0) embed_row(xd.data(), dt, draft->embed, draft->edt, drafts[i - 1], Hd);
                 t.sc.barrier.wait(team::size());
                 d.forward_team(draft->step(dt, 1, d_len + M + i - 1), xd.data(), nullptr, outd.data(), no_d.data(),
                                draft->caches_k, draft->caches_v, 1, nullptr, logd.data());
-                if (team::id() == 0) drafts[i] = argmax(logd.data(), dt, Vd);
+                if (team::id() == 0) propose(logd.data(), i, 0);
             }
             if (team::id() == 0) {
                 embed_iteration(xt.data(), dt, *target, token, drafts.data(), kk);
@@ -595,10 +624,24 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
             const int64_t t1 = team::now_ns();
             t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), no_t.data(), target->caches_k,
                            target->caches_v, kk + 1, nullptr, logt.data());
+            if (warp) {  // the target's rows warped, shared by the team
+                const auto [p0, p1] = team::share(kk + 1);
+                for (int i = p0; i < p1; i++)
+                    warp_row(logt.data() + es * V * i, dt, V, *warp, p.data() + (int64_t)V * i, warps[team::id()]);
+                t.sc.barrier.wait(team::size());
+            }
             if (team::id() == 0) {
-                int best;
-                const int n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
-                const int kept = parallel ? 0 : std::min(n, kk - 1);  // fed drafts that stood
+                int best, n;
+                if (warp) {
+                    n = rejection(p.data(), q.data(), V, drafts.data(), kk, uniforms + used + kk, uniforms[used + 2 * kk],
+                                  residual, best);
+                    used += 2 * kk + 1;
+                } else {
+                    n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
+                }
+                // The fed drafts that stood keep their entries. (Where the loop's observe also keeps a fed
+                // rejected draft equal to the drawn token, its next propose drops that entry again.)
+                const int kept = parallel ? 0 : std::min(n, kk - 1);
                 d_len += (int)fed.size() + kept;
                 fed.assign(drafts.begin() + kept, drafts.begin() + n);
                 fed.push_back(best);
@@ -609,7 +652,7 @@ int speclite_draft_greedy(const Decoder *target, const Decoder *draft, int dt, i
             t.sc.barrier.wait(team::size());
         }
     });
-    lengths[0] = t_len, lengths[1] = d_len;
+    lengths[0] = t_len, lengths[1] = d_len, lengths[2] = used;
     return out.count;
 }
 
@@ -697,11 +740,11 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
 // at the next positions, seeing every entry and all of itself, through the layers, the drafter's
 // norm and the target's lm_head (draft->head) gives the kk drafts (its rows 1..kk, argmaxes); the
 // target reads `token` and the drafts at t_len.., the inputs of its layers aux[0..n_aux) captured (aux
-// = its layer count: the last layer's output); drafts stand as in speclite_draft_greedy; the stood
+// = its layer count: the last layer's output); drafts stand as in speclite_draft_iterations; the stood
 // rows' captures, side by side in aux's order, through `fuse` (fc) and the fuse_norm RMSNorm
 // (hidden_norm, fuse_eps) are the next pending rows. The block's own entries are left past the
 // context. k shrinks to fit both caches and `room` new tokens; the call stops as
-// speclite_draft_greedy's. Out as speclite_draft_greedy's; lengths = (t_len, c, T) after the last
+// speclite_draft_iterations's. Out as speclite_draft_iterations's; lengths = (t_len, c, T) after the last
 // iteration and pending_out [max(T, k + 1), H] its first T rows the pending rows.
 int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Matrices *const *kv, const Matrices *fuse,
                            const void *fuse_norm, float fuse_eps, const int *aux, int n_aux, int mask, int dt, int t_len,

@@ -54,7 +54,7 @@ inline int exponent(float p) {
 }
 
 // probs [V] = the warp of logits [V] (dtype dt): x = logit / temperature; outside the top k (below
-// the k-th largest x), 0; the rest softmax(x): exp8(x - max x), their sum in double (8 lanes a
+// the k-th largest x) and where x = -inf, 0; the rest softmax(x): exp8(x - max x), their sum in double (8 lanes a
 // 256-value block), each times its reciprocal. Then under top-p the fewest largest (ties: the lower
 // index first) whose mass before the last is below top_p (the mass summed in double in that order)
 // are renormalized (their sum in double, in index order) and the others set to 0. Only the
@@ -71,19 +71,21 @@ inline void warp_row(const void *logits, int dt, int V, const Warp &w, float *pr
     float top = hmax(big);
     for (; i < V; i++) top = std::max(top, probs[i] = to_float(logits, dt, i) / w.temperature);
     const float floor = w.top_k > 0 && w.top_k < V ? kth_largest(probs, V, w.top_k, s.heap) : -INFINITY;
-    const __m256 m = _mm256_set1_ps(top), f = _mm256_set1_ps(floor);
+    const __m256 m = _mm256_set1_ps(top), f = _mm256_set1_ps(floor), none = _mm256_set1_ps(-INFINITY);
     double sum = 0.0;
     for (i = 0; i + 8 <= V;) {
         __m256 acc = _mm256_setzero_ps();
         for (const int end = std::min(V & ~7, i + 256); i < end; i += 8) {
             const __m256 x = _mm256_loadu_ps(probs + i);
-            const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(x, m)), _mm256_cmp_ps(x, f, _CMP_GE_OQ));
+            const __m256 in = _mm256_and_ps(_mm256_cmp_ps(x, f, _CMP_GE_OQ), _mm256_cmp_ps(x, none, _CMP_GT_OQ));
+            const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(x, m)), in);
             _mm256_storeu_ps(probs + i, e);
             acc = _mm256_add_ps(acc, e);
         }
         sum += hsum(acc);
     }
-    for (; i < V; i++) sum += probs[i] = probs[i] >= floor ? _mm256_cvtss_f32(exp8(_mm256_set1_ps(probs[i] - top))) : 0.f;
+    for (; i < V; i++)
+        sum += probs[i] = probs[i] >= floor && probs[i] > -INFINITY ? _mm256_cvtss_f32(exp8(_mm256_set1_ps(probs[i] - top))) : 0.f;
     const __m256 r = _mm256_set1_ps((float)(1.0 / sum));
     for (i = 0; i + 8 <= V; i += 8) _mm256_storeu_ps(probs + i, _mm256_mul_ps(_mm256_loadu_ps(probs + i), r));
     for (; i < V; i++) probs[i] *= (float)(1.0 / sum);
@@ -107,20 +109,48 @@ inline void warp_row(const void *logits, int dt, int V, const Warp &w, float *pr
     for (int j = 0; j < kept; j++) probs[s.order[j]] = (float)(s.kept[j] / mass);
 }
 
-// The inverse-CDF draw from weights [V] (non-negative) with the uniform u in [0, 1), as
-// speclite.kernels.verify.sample_fixed_point: each weight as an int64 count of 2^-32 units, the
-// threshold (u in 2^-24 units) x total >> 24, the first index whose prefix sum exceeds it (V - 1 if
-// none does). Integer sums: exact in any order.
-inline int draw(const float *weights, int V, float u) {
+// The fixed-point total of weights [V]: each as an int64 count of 2^-32 units (truncated), summed.
+inline int64_t mass(const float *weights, int V) {
     int64_t total = 0;
     for (int i = 0; i < V; i++) total += (int64_t)(weights[i] * 4294967296.f);
-    const int64_t threshold = ((int64_t)(u * 16777216.f) * total) >> 24;
+    return total;
+}
+
+// The inverse-CDF draw from weights [V] (non-negative) with the uniform u in [0, 1), as
+// speclite.kernels.verify.sample_fixed_point: the threshold (u in 2^-24 units) x mass >> 24, the
+// first index whose prefix of the fixed-point masses exceeds it (V - 1 if none does). Integer sums:
+// exact in any order.
+inline int draw(const float *weights, int V, float u) {
+    const int64_t threshold = ((int64_t)(u * 16777216.f) * mass(weights, V)) >> 24;
     int64_t prefix = 0;
     for (int i = 0; i < V; i++) {
         prefix += (int64_t)(weights[i] * 4294967296.f);
         if (prefix > threshold) return i;
     }
     return V - 1;
+}
+
+// Rejection sampling of a chain of kk drafts x[i] drawn from q rows (stride V) against the target's
+// warped rows p [kk + 1, V], as speclite.kernels.verify.verify_rejection_torch decides it: draft i
+// stands while accept[i] * q_i(x_i) < p_i(x_i); at the first that does not, the token is drawn with
+// u from the residual max(0, p_n - q_n) (in `residual`), or from p_n where the residual has no
+// fixed-point mass; after kk standing drafts, from p_kk. Returns how many stood; token: the draw.
+inline int rejection(const float *p, const float *q, int V, const int *x, int kk, const float *accept, float u,
+                     std::vector<float> &residual, int &token) {
+    int n = 0;
+    while (n < kk && accept[n] * q[(int64_t)V * n + x[n]] < p[(int64_t)V * n + x[n]]) n++;
+    const float *pn = p + (int64_t)V * n;
+    if (n < kk) {
+        const float *qn = q + (int64_t)V * n;
+        residual.resize(V);
+        for (int i = 0; i < V; i++) residual[i] = std::max(pn[i] - qn[i], 0.f);
+        if (mass(residual.data(), V) > 0) {
+            token = draw(residual.data(), V, u);
+            return n;
+        }
+    }
+    token = draw(pn, V, u);
+    return n;
 }
 
 }  // namespace
