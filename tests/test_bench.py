@@ -6,6 +6,7 @@ Speeds are never asserted (noisy shared machines); only how the figures relate t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from speclite.engine.memory import model_bytes, step_bytes
 from speclite.errors import SpecliteError
 from speclite.model import load_model
 from speclite.quant.linear import QuantLinear
+from speclite import LLM, SamplingParams
 
 CONFIG_FIELDS = {
     "label", "method", "k", "quant", "accept_policy", "tokens_per_s", "tokens_per_s_runs", "plain_tokens_per_s",
@@ -162,6 +164,10 @@ def test_plot_is_a_png(pair, tmp_path):
     (["--sp-type", "nosuchmethod"], "unknown --sp-type 'nosuchmethod'"),
     (["--prompts", "builtin:poetry"], "unknown workload 'poetry'"),
     (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "0"], "top_p must be in"),
+    (["--top-p", "1.5"], "top_p must be in"),
+    (["--top-k", "-2"], "top_k"),
     (["--json", "/nonexistent/dir/b.json"], "cannot write --json"),
     (["--sp-type", "vanilla"], "needs a draft"),
 ])
@@ -170,6 +176,32 @@ def test_bad_input_is_one_clear_error(pair, args, message):
     full = (["--model", str(target)] if "--model" not in args and "--synthetic" not in args else []) + args
     with pytest.raises(SpecliteError, match=message.replace("(", r"\(")):
         bench(*FAST, *full)
+
+
+def test_sampled_runs_seed_each_prompt_with_its_index(pair, tmp_path):
+    """--temperature: every configuration draws each prompt's answer with seed = its index (both repeats
+    and the plain row give what LLM.generate gives with that seed); '= plain' is not counted."""
+    target, draft = pair
+    out = tmp_path / "s.json"
+    text = bench("--model", target, "--draft", draft, "--sp-type", "vanilla", "--k", 3, "--prompts", "builtin:code",
+                 "--max-new-tokens", 8, "--repeats", 1, "--threads", 1, "--temperature", 0.9, "--top-k", 30,
+                 "--json", out)
+    data = json.loads(out.read_text())
+    assert data["meta"]["sampling"] == {"temperature": 0.9, "top_p": 1.0, "top_k": 30}
+    assert [row["same_as_plain"] for row in data["configs"]] == [None, None]
+    assert text.split("vanilla k=3")[1].splitlines()[0].rstrip(" │").endswith(" -")
+    params = SamplingParams(max_new_tokens=8, temperature=0.9, top_k=30)
+    models = BenchModels.load(str(target), [str(draft)], [None], device="cpu", dtype=torch.float32)
+    prompts = [p for p in BUILTIN if p.workload == "code"]
+    runner = Runner(models, [BenchConfig("plain", 0, None), BenchConfig("vanilla", 3, None, draft=str(draft))],
+                    prompts, params)
+    records = runner.run(2)
+    llm = LLM(target)
+    for i, p in enumerate(prompts):
+        plain = [r.token_ids for r in records if r.prompt == p.name and r.config == "plain"]
+        assert plain[0] == plain[1] == llm.generate(p.prompt, replace(params, seed=i))[0].token_ids
+        spec = [r.token_ids for r in records if r.prompt == p.name and r.config != "plain"]
+        assert spec[0] == spec[1] and len(spec[0]) == 8
 
 
 def test_plot_without_matplotlib_fails_before_loading(pair, tmp_path, monkeypatch):
@@ -233,7 +265,7 @@ def test_draft_quant_reaches_the_heads_a_method_loads_itself(method, draft):
     def quantized(quant):
         models = BenchModels.load("tiny-code", [draft], [None], device="cpu", dtype=torch.float32, draft_quant=quant,
                                   draft_is_model=lambda *_: False)
-        runner = Runner(models, [BenchConfig(method, 2, None, draft=draft)], BUILTIN[:1], 4)
+        runner = Runner(models, [BenchConfig(method, 2, None, draft=draft)], BUILTIN[:1], SamplingParams(max_new_tokens=4))
         held, _ = runner.proposers[method].resident()
         return [type(m).__name__ for model in held for m in model.modules() if isinstance(m, QuantLinear)]
 

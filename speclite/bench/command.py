@@ -40,6 +40,11 @@ def _check_writable(path: Path | None, flag: str) -> None:
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Interleaved repeats; the median is reported.")
 @click.option("--ignore-eos", is_flag=True, help="Always generate --max-new-tokens (on for --synthetic).")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0 = greedy; above, sampled runs (rejection sampling), each prompt seeded with its index in "
+                   "every configuration ('= plain' is then '-').")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
@@ -66,7 +71,8 @@ def bench(ctx, json_path, plot_path, **flags):
         quants=flags["quants"], draft_quant=flags["draft_quant"], accept_policy=flags["accept_policy"],
         prompts=flags["prompts"], max_new_tokens=flags["max_new_tokens"], repeats=flags["repeats"],
         device=flags["device"], dtype=flags["dtype"], max_model_len=flags["max_model_len"],
-        method_options=split_method_options(flags), ignore_eos=flags["ignore_eos"],
+        method_options=split_method_options(flags), ignore_eos=flags["ignore_eos"], temperature=flags["temperature"],
+        top_p=flags["top_p"], top_k=flags["top_k"],
         synthetic=flags["synthetic"], synthetic_draft=flags["synthetic_draft"], layers=flags["layers"],
         draft_layers=flags["draft_layers"], threads=flags["threads"], static=flags["static"], models_file=(ctx.obj or {}).get("models_file"),
     )

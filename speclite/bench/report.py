@@ -103,7 +103,7 @@ def summarise(configs: list[BenchConfig], records: list[RunRecord], peak_bytes: 
             # Plain decoding's verify time per iteration is exactly one single-token forward + pick.
             "step_s": verify_s / sum(r.iter_count for r in runs) if runs else 0.0,
             "peak_memory_bytes": peak_bytes.get(c.label, 0),
-            "same_as_plain": sum(r.same_as_plain for r in runs),
+            "same_as_plain": None if any(r.same_as_plain is None for r in runs) else sum(r.same_as_plain for r in runs),
             "runs": len(runs),
             "by_workload": by_workload,
         })
@@ -129,7 +129,7 @@ def results_table(rows: list[dict], title: str, memory_kind: str) -> Table:
             f"{r['accept_rate']:.0%}" if r["proposed"] else "-", _pct(r["accepted_per_position"]),
             *((parts_summary(r.get("by_part", {})) or "-",) if by_part else ()),
             f"{r['draft_share']:.0%} / {r['verify_share']:.0%}", f"{r['peak_memory_bytes'] / 2**20:.1f}",
-            f"{r['same_as_plain']}/{r['runs']}",
+            "-" if r["same_as_plain"] is None else f"{r['same_as_plain']}/{r['runs']}",
         )
     return table
 

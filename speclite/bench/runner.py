@@ -46,7 +46,7 @@ class RunRecord:
     accepted_at: list[int]
     draft_s: float
     verify_s: float
-    same_as_plain: bool
+    same_as_plain: bool | None
     finish_reason: str
     token_ids: list[int] = field(repr=False, default_factory=list)
     parts: dict[str, list[int]] = field(default_factory=dict)  # hybrid: part -> [drafted, accepted]
@@ -88,12 +88,14 @@ class BenchModels:
 
 class Runner:
     def __init__(self, models: BenchModels, configs: list[BenchConfig], prompts: list[BenchPrompt],
-                 max_new_tokens: int, *, ignore_eos: bool = False, method_options: dict | None = None):
+                 params: SamplingParams, *, method_options: dict | None = None):
+        """params: every run's; sampled (temperature > 0) runs seed each prompt with its index, the same
+        for every configuration."""
         drafted = [c.method for c in configs if c.method != "plain" and not c.draft and get_method(c.method).needs_draft]
         if drafted:
             raise SpecliteError(f"--sp-type {drafted[0]} needs a draft: pass --draft (or --synthetic-draft)")
         self.models, self.prompts = models, prompts
-        self.params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        self.params = params
         self.method_options = method_options or {}
         self.device = next(iter(models.llms.values())).device
         self.meter = MemoryMeter(self.device)
@@ -193,7 +195,7 @@ class Runner:
                     self.proposers[config.method].forget()
                 self.meter.start()
                 for i, p in enumerate(self.prompts):
-                    out, seconds = self.run_one(config, i, self.params)
+                    out, seconds = self.run_one(config, i, self.params if self.params.greedy else replace(self.params, seed=i))
                     s = out.stats
                     rec = RunRecord(config.label, r, p.name, p.workload, len(out.token_ids), seconds, s.iter_count,
                                     s.proposed, s.accepted, list(s.proposed_at), list(s.accepted_at), s.draft_s,
@@ -206,8 +208,9 @@ class Runner:
                         on_run(rec)
                 peak = self._resident_bytes(config) + self.meter.transient_peak()
                 self.peak_bytes[config.label] = max(self.peak_bytes.get(config.label, 0), peak)
-            # Greedy speculation is lossless: anything but accept_all must reproduce plain's tokens.
+            # Greedy speculation is lossless: anything but accept_all must reproduce plain's tokens. (Sampled
+            # speculation follows the target's distribution, not plain decoding's draws: None.)
             for rec, key in this_repeat:
-                rec.same_as_plain = rec.token_ids == plain_ids[key]
+                rec.same_as_plain = rec.token_ids == plain_ids[key] if self.params.greedy else None
                 records.append(rec)
         return records

@@ -24,6 +24,7 @@ from speclite.bench.sweep import build_sweep, parse_ks, parse_methods, parse_qua
 from speclite.engine.memory import step_bytes
 from speclite.errors import SpecliteError
 from speclite.model.loader import read_config, resolve_device, resolve_dtype
+from speclite.sampling import SamplingParams
 from speclite.speculate import METHODS, get_method
 
 
@@ -44,6 +45,9 @@ class BenchOptions:
     max_model_len: int | None = None
     method_options: dict = field(default_factory=dict)  # registry option name -> value (e.g. min_match)
     ignore_eos: bool = False
+    temperature: float = 0.0  # > 0: sampled runs (rejection sampling), each prompt seeded by its index
+    top_p: float = 1.0
+    top_k: int = 0
     synthetic: str | None = None
     synthetic_draft: str | None = None
     layers: int | None = None
@@ -72,6 +76,7 @@ def check_options(o: BenchOptions) -> None:
         raise SpecliteError("--layers must be at least 1")
     if o.threads is not None and o.threads < 1:
         raise SpecliteError(f"--threads must be at least 1, got {o.threads}")
+    SamplingParams(max_new_tokens=o.max_new_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k)
 
 
 def _drafts_for(o: BenchOptions, draft: str | None, methods: list[str]) -> dict[str, str | None]:
@@ -145,8 +150,9 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
                                   models_file=o.models_file, max_model_len=o.max_model_len, static=o.static,
                                   draft_is_model=lambda d, d_dir: any(
                                       get_method(m).loads_draft_model(o.method_options or {}, d_dir) for m in used[d]))
-        runner = Runner(models, configs, prompts, o.max_new_tokens, ignore_eos=o.ignore_eos or bool(o.synthetic),
-                        method_options=o.method_options)
+        params = SamplingParams(max_new_tokens=o.max_new_tokens, ignore_eos=o.ignore_eos or bool(o.synthetic),
+                                temperature=o.temperature, top_p=o.top_p, top_k=o.top_k)
+        runner = Runner(models, configs, prompts, params, method_options=o.method_options)
         if on_start:
             on_start(len(configs) * len(prompts) * o.repeats)
         runner.warm_up()
@@ -177,6 +183,7 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         "torch": torch.__version__,
         "max_new_tokens": o.max_new_tokens,
         "ignore_eos": runner.params.ignore_eos,
+        "sampling": {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k},
         "repeats": o.repeats,
         "accept_policy": o.accept_policy,
         "prompts": [{"name": p.name, "workload": p.workload} for p in prompts],
