@@ -171,6 +171,8 @@ def decode_all(target, prompt: list[int], params, spec=None, cache_len: int = 64
         return [t for chunk in run for t in chunk], run.stats
 
 
+# Warps for the sampled runs' tests: temperature alone, top-k with top-p, top-p.
+SAMPLED_WARPS = [dict(temperature=0.8), dict(temperature=1.0, top_k=20, top_p=0.9), dict(temperature=0.6, top_p=0.7)]
 RUN_STATS = ("iter_count", "proposed", "accepted", "proposed_at", "accepted_at", "output_len")
 
 
@@ -183,33 +185,43 @@ def same(a, b) -> bool:
     return a == b
 
 
-def greedy_runs_match(run, proposer_class, kernel: str, monkeypatch, max_new: int, where) -> bool:
-    """A proposer's greedy_run (iterations many per call of cpu_layer_ops.<kernel>) against the loop's
-    iterations one by one (greedy_run declined on `proposer_class`): run(eos, max_new) -> (tokens,
-    stats, *state). For no EOS, an EOS as late as the output allows, and a room of 13 tokens: the
-    same tokens (as many as asked for), the same iterations, the same state. Returns whether the EOS
-    case ran in C (where the first iteration, run in Python, holds the EOS, it does not)."""
+def runs_match(run, proposer_class, kernel: str, monkeypatch, max_new: int, where, sampled: bool = False) -> bool:
+    """A proposer's greedy_run (sampled: its sampled_run; iterations many per call of
+    cpu_layer_ops.<kernel>) against the loop's iterations one by one (that run declined on
+    `proposer_class`): run(eos, max_new) -> (tokens, stats, *state). For no EOS, an EOS as late as the
+    output allows, and a room of 13 tokens (sampled also calls cut after every iteration: each must
+    leave the generator where the iterations one by one do): the same tokens (as many as asked for),
+    the same iterations, the same state. Returns whether the EOS case ran in C (where the first
+    iteration, run in Python, holds the EOS, it does not)."""
+    from speclite.engine import loop
     from speclite.kernels import cpu_layer_ops
 
     calls, real = [], getattr(cpu_layer_ops, kernel)
+    declined = "sampled_run" if sampled else "greedy_run"
 
     def counting(*args):
         out = real(*args)
         calls.append(len(out[0]))  # the call's iterations
         return out
 
-    plain_out = run(set(), max_new)[0]
+    with monkeypatch.context() as m:
+        m.setattr(proposer_class, declined, lambda *a: None)
+        plain_out = run(set(), max_new)[0]
     end = max(i for i, t in enumerate(plain_out) if plain_out.index(t) == i)  # a late first occurrence
     eos_in_c = False
-    for eos, room, length in ((set(), max_new, max_new), ({plain_out[end]}, max_new, end + 1), (set(), 13, 13)):
+    cases = [(set(), max_new, max_new, loop.CHUNK_S), ({plain_out[end]}, max_new, end + 1, loop.CHUNK_S),
+             (set(), 13, 13, loop.CHUNK_S)] + ([(set(), max_new, max_new, 1e-6)] if sampled else [])
+    for eos, room, length, chunk in cases:
         with monkeypatch.context() as m:
             m.setattr(cpu_layer_ops, kernel, counting)
+            m.setattr(loop, "CHUNK_S", chunk)
             ours = run(eos, room)
-        assert sum(calls) > 1 or eos, where  # iterations ran in C
+        assert sum(calls) > (0 if room < max_new else 1) or eos, where  # iterations ran in C (a short room: one may)
+        assert chunk > 1e-3 or len(calls) == sum(calls), (where, calls)  # one iteration a call
         eos_in_c |= bool(eos) and sum(calls) > 0
         calls.clear()
         with monkeypatch.context() as m:
-            m.setattr(proposer_class, "greedy_run", lambda *a: None)
+            m.setattr(proposer_class, declined, lambda *a: None)
             theirs = run(eos, room)
         assert ours[0] == theirs[0] and len(ours[0]) == length, (where, eos)
         for field in RUN_STATS:

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import CLI_PROMPTS, cli_generate, save_model, decode_all, greedy_runs_match
+from conftest import CLI_PROMPTS, SAMPLED_WARPS, cli_generate, save_model, decode_all, runs_match
 from dflash_drafts import reference_block, save_drafter
 from speclite import LLM, SamplingParams
 from speclite.api import SpecConfig
@@ -116,11 +116,13 @@ def test_greedy_identical_to_plain_for_every_k(target, pair, small):
     assert accepted > 0
 
 
-def run_loop(target, spec, prompt, eos, max_new):
-    """The loop on one prompt: (tokens, stats, the target cache's length, the proposer's tokens, its
-    context entries, its pending rows, its cache's context rows)."""
+def run_loop(target, spec, prompt, eos, max_new, warp: dict | None = None):
+    """The loop on one prompt (greedy, or sampling with `warp`, seed 1): (tokens, stats, the target
+    cache's length, the proposer's tokens, its context entries, its pending rows, its cache's context
+    rows)."""
     cache, p = target.new_cache(96), spec.proposer
-    out, stats = decode_all(target, prompt, SamplingParams(max_new_tokens=max_new), spec, eos=eos, cache=cache)
+    params = SamplingParams(max_new_tokens=max_new, **({"seed": 1, **warp} if warp else {}))
+    out, stats = decode_all(target, prompt, params, spec, eos=eos, cache=cache)
     n = p.cache.length
     rows = [(kc[:, :n].clone(), vc[:, :n].clone()) for kc, vc in p.cache.layers]
     return out, stats, cache.length, list(p.tokens), n, p.pending.clone(), rows
@@ -143,9 +145,26 @@ def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, pair, smal
         for k in range(1, 9):
             spec = Speculation(proposer(model, draft_dir, quant, max_len=96), SpecLength(k))
             prompt = prompts[k % len(prompts)]
-            eos_in_c += greedy_runs_match(lambda eos, room: run_loop(model, spec, prompt, eos, room), DFlashProposer,
-                                          "dflash_greedy", monkeypatch, 48, (draft_dir.name, k))
+            eos_in_c += runs_match(lambda eos, room: run_loop(model, spec, prompt, eos, room), DFlashProposer,
+                                          "dflash_iterations", monkeypatch, 48, (draft_dir.name, k))
     assert eos_in_c >= 3
+
+
+@pytest.mark.parametrize("quant", [None, "int4"])
+def test_sampled_runs_in_one_call_equal_the_iterations_one_by_one(isa, pair, small, quant, monkeypatch):
+    """Sampled decoding on the CPU kernels draws the block's drafts from their warps and judges them by
+    rejection sampling in the same C call (sampled_run): the same tokens, iterations and state as the
+    loop's iterations one by one (which the chi-square tests hold to the target's distribution)."""
+    cases = ((pair[0], pair[1], PROMPTS), (small[1].parent / "target", small[1], [[3, 6, 2, 4], [5, 1]]))
+    for target_dir, draft_dir, prompts in cases:
+        model = load_model(target_dir, "cpu", torch.float32)
+        if quant:
+            model = quantize_model(model, quant, group_size=32)
+        for i, k in enumerate((1, 3, 7)):
+            spec = Speculation(proposer(model, draft_dir, quant, max_len=96), SpecLength(k))
+            warp, prompt = SAMPLED_WARPS[i], prompts[k % len(prompts)]
+            runs_match(lambda eos, room: run_loop(model, spec, prompt, eos, room, warp), DFlashProposer,
+                       "dflash_iterations", monkeypatch, 40, (draft_dir.name, k), sampled=True)
 
 
 def test_greedy_run_declines_where_a_hook_must_fire(target, pair):

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from conftest import cli_generate, decode_all, greedy_runs_match, save_model
+from conftest import SAMPLED_WARPS, cli_generate, decode_all, runs_match, save_model
 from eagle3_heads import save_head
 from speclite.engine.loop import Request, Speculation, decode
 from speclite.model import load_model
@@ -68,12 +68,14 @@ def test_greedy_tree_identical_to_plain(target, heads, layout):
             assert stats.proposed > 0
 
 
-def run_loop(target, spec, prompt, eos, max_new):
-    """The loop on one prompt: (tokens, stats, the target cache's length, the proposer's tokens, its
-    committed entries, its pending states, its cache's committed rows)."""
+def run_loop(target, spec, prompt, eos, max_new, warp: dict | None = None):
+    """The loop on one prompt (greedy, or sampling with `warp`, seed 1): (tokens, stats, the target
+    cache's length, the proposer's tokens, its committed entries, its pending states, its cache's
+    committed rows)."""
     cache, p = target.new_cache(96), spec.proposer
+    params = SamplingParams(max_new_tokens=max_new, **({"seed": 1, **warp} if warp else {}))
     with torch.inference_mode():
-        run = decode(target, cache, Request(prompt, SamplingParams(max_new_tokens=max_new), eos_ids=eos), spec)
+        run = decode(target, cache, Request(prompt, params, eos_ids=eos), spec)
         out = [t for new in run for t in new]
     rows = [x[:, : p.committed].clone() for x in p.cache.layers[0]]
     return out, run.stats, cache.length, list(p.tokens), p.committed, p.pending.clone(), rows
@@ -95,9 +97,27 @@ def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, tmp_path, 
         for k in range(1, 9):
             spec = Speculation(proposer(target, heads / layout, quant), SpecLength(k))
             prompt = PROMPTS[k % len(PROMPTS)]
-            eos_in_c += greedy_runs_match(lambda eos, room: run_loop(target, spec, prompt, eos, room), Eagle3Proposer,
-                                          "head_greedy", monkeypatch, 48, (layout, k))
+            eos_in_c += runs_match(lambda eos, room: run_loop(target, spec, prompt, eos, room), Eagle3Proposer,
+                                          "head_iterations", monkeypatch, 48, (layout, k))
     assert eos_in_c >= 3
+
+
+@pytest.mark.parametrize("quant", [None, "int4"])
+def test_sampled_runs_in_one_call_equal_the_iterations_one_by_one(isa, tmp_path, heads, quant, monkeypatch):
+    """Sampled decoding on the CPU kernels draws the head's chain from its warps over the target's
+    vocabulary (one layout maps a smaller draft vocabulary) and judges it by rejection sampling in the
+    same C call (sampled_run): the same tokens, iterations and state as the loop's iterations one by
+    one (which the chi-square tests hold to the target's distribution)."""
+    save_model(tmp_path, "llama", seed=5, hidden=64, layers=6, intermediate_size=128)
+    target = load_model(tmp_path, "cpu", torch.float32)
+    if quant:
+        target = quantize_model(target, quant, group_size=32)
+    for layout in ("specforge", "speculators"):
+        for i, k in enumerate((1, 4, 8)):
+            spec = Speculation(proposer(target, heads / layout, quant), SpecLength(k))
+            warp, prompt = SAMPLED_WARPS[i], PROMPTS[k % len(PROMPTS)]
+            runs_match(lambda eos, room: run_loop(target, spec, prompt, eos, room, warp), Eagle3Proposer,
+                       "head_iterations", monkeypatch, 40, (layout, k), sampled=True)
 
 
 def test_greedy_run_declines_trees_and_hooks(target, heads):

@@ -10,7 +10,7 @@ from speclite.engine.loop import Request, Speculation, decode
 from speclite.kernels import cpu_build
 from speclite.speculate.draft_model import DraftModelProposer
 from speclite.speculate.schedule import SpecLength
-from conftest import greedy_runs_match
+from conftest import runs_match
 from test_pard import GREEDY, PROMPTS, pard  # noqa: F401  (the pair's draft with a mask token named)
 
 
@@ -19,11 +19,13 @@ def spec_llm(target, draft, method: str, k: int, quant: str | None = None) -> LL
     return LLM(target, {"method": method, "model": str(draft), "num_speculative_tokens": k, **extra}, quant=quant)
 
 
-def run_loop(llm, prompt: str, k: int, eos: set[int], max_new: int):
-    """The decode loop straight on an LLM's target and draft-model proposer: (tokens, stats, target
-    cache length, the proposer's tokens, its cache's length and rows)."""
+def run_loop(llm, prompt: str, k: int, eos: set[int], max_new: int, warp: dict | None = None):
+    """The decode loop straight on an LLM's target and draft-model proposer (greedy, or sampling with
+    `warp`, seed 1): (tokens, stats, target cache length, the proposer's tokens, its cache's length and
+    rows)."""
     proposer, cache = llm.engine.spec.proposer, llm.target.new_cache(256)
-    request = Request(llm.encode(prompt), SamplingParams(max_new_tokens=max_new), eos_ids=eos)
+    params = SamplingParams(max_new_tokens=max_new, **({"seed": 1, **warp} if warp else {}))
+    request = Request(llm.encode(prompt), params, eos_ids=eos)
     run = decode(llm.target, cache, request, Speculation(proposer, SpecLength(k)))
     out = [t for new in run for t in new]
     n = proposer.cache.length
@@ -42,7 +44,7 @@ def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, pard, meth
     for k in range(1, 9):
         llm = spec_llm(target, draft, method, k, quant)
         for prompt in PROMPTS[k % 3 :: 3]:
-            eos_in_c += greedy_runs_match(lambda eos, room: run_loop(llm, prompt, k, eos, room), DraftModelProposer,
+            eos_in_c += runs_match(lambda eos, room: run_loop(llm, prompt, k, eos, room), DraftModelProposer,
                                           "draft_iterations", monkeypatch, 40, (k, prompt))
     assert eos_in_c >= 3
 

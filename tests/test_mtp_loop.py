@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from conftest import cli_generate, decode_all, greedy_runs_match, save_model
+from conftest import SAMPLED_WARPS, cli_generate, decode_all, runs_match, save_model
 from mtp_modules import add_module, save_separate
 from speclite.engine.loop import Speculation
 from speclite.model import load_model
@@ -153,12 +153,17 @@ def test_greedy_runs_in_one_call_equal_the_iterations_one_by_one(isa, dirs, targ
     the final normed states in one C call for many iterations (greedy_run; MiMo's normed state and
     [state, embedding] order, the target's lm_head where the module has none): the same tokens and
     iterations, the target's cache, the module's committed cache rows and pending states as the
-    loop's iterations one by one, also with an EOS and with the room ending a call."""
+    loop's iterations one by one, also with an EOS and with the room ending a call; and sampled
+    (sampled_run: the chain drawn and judged by rejection sampling in the same call)."""
     from test_eagle3_loop import run_loop
 
     target = load_model(dirs / target_name, "cpu", torch.float32)
     for k in (1, 3, 4, 8):
         spec = Speculation(proposer(target, dirs / module if module else None, max_len=96), SpecLength(k))
         for prompt in PROMPTS[:3]:
-            greedy_runs_match(lambda eos, room: run_loop(target, spec, prompt, eos, room), MTPProposer, "head_greedy",
+            runs_match(lambda eos, room: run_loop(target, spec, prompt, eos, room), MTPProposer, "head_iterations",
                               monkeypatch, 48, (k, prompt))
+    for i, k in enumerate((1, 4)):  # sampled: the chain drawn and judged by rejection sampling in the same call
+        spec = Speculation(proposer(target, dirs / module if module else None, max_len=96), SpecLength(k))
+        runs_match(lambda eos, room: run_loop(target, spec, PROMPTS[i], eos, room, SAMPLED_WARPS[i]), MTPProposer,
+                   "head_iterations", monkeypatch, 40, (k, "sampled"), sampled=True)

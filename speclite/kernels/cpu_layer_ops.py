@@ -125,8 +125,8 @@ class Layers:
 
 
 class Decoder(ctypes.Structure):
-    """A whole model for the C calls that run several of its forwards (chain, draft_iterations, head_greedy,
-    dflash_greedy):
+    """A whole model for the C calls that run several of its forwards (chain, draft_iterations, head_iterations,
+    dflash_iterations):
     its Layers (with their Head), embedding table, KV cache and the RoPE rows of every cache
     position. Mirrors struct Decoder in kernels.cpp."""
 
@@ -254,53 +254,64 @@ def draft_iterations(target: Decoder, draft: Decoder, t_len: int, d_len: int, un
     call stops before it would run out). ([per iteration (drafts offered, drafts stood, new tokens,
     draft s, verify s)], the target's and the draft's cache lengths after them, the uniforms used)."""
     run, lengths = _Run(room), (ctypes.c_int * 3)()
-    uniforms = None if warp is None else uniforms.to(torch.float32).contiguous()
     n = _library().speclite_draft_iterations(
         ctypes.byref(target), ctypes.byref(draft), DTYPES[target.dtype], t_len, d_len, *_ints(unseen),
-        -1 if mask is None else mask, token, k, d_vocab, room, None if warp is None else ctypes.byref(warp),
-        None if uniforms is None else uniforms.data_ptr(), 0 if uniforms is None else uniforms.numel(),
-        *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, lengths, torch.get_num_threads())
+        -1 if mask is None else mask, token, k, d_vocab, room, *_sampling(warp, uniforms), *_ints(sorted(eos)),
+        int(seconds * 1e9), *run.outputs, lengths, torch.get_num_threads())
     return run.iterations(n), (lengths[0], lengths[1]), lengths[2]
 
 
-def head_greedy(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None, fuse: Matrices | None,
-                aux: list[int], normed_state: bool, head_cache, head_cos: torch.Tensor, head_sin: torch.Tensor,
-                t_len: int, committed: int, pairs: list[int], pending: torch.Tensor, token: int, k: int, room: int,
-                eos: set[int], seconds: float):
-    """Greedy speculative iterations of a one-layer drafting head (`layers`: its Layers with their Head)
-    over the target's states (the inputs of layers `aux` through `fuse`, or without fuse its final
-    normed states) and the target, in one call (see speclite_head_greedy): ([per iteration
-    (drafts offered, drafts stood, new tokens, draft s, verify s)], (the target's cache length, the
-    head's committed entries), the pending states [T, H] after them)."""
-    run, lengths, pending = _Run(room), (ctypes.c_int * 3)(), pending.contiguous()
+def head_iterations(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None, fuse: Matrices | None,
+                    aux: list[int], normed_state: bool, head_cache, head_cos: torch.Tensor, head_sin: torch.Tensor,
+                    t_len: int, committed: int, pairs: list[int], pending: torch.Tensor, token: int, k: int, room: int,
+                    eos: set[int], seconds: float, warp=None, uniforms: torch.Tensor | None = None):
+    """Speculative iterations of a one-layer drafting head (`layers`: its Layers with their Head) over
+    the target's states (the inputs of layers `aux` through `fuse`, or without fuse its final normed
+    states) and the target, in one call (see speclite_head_iterations): greedy, or with `warp` (a
+    cpu_sampling.Warp) rejection sampling with `uniforms` as draft_iterations takes them. ([per
+    iteration (drafts offered, drafts stood, new tokens, draft s, verify s)], (the target's cache
+    length, the head's committed entries), the pending states [T, H] after them, the uniforms used)."""
+    run, lengths, pending = _Run(room), (ctypes.c_int * 4)(), pending.contiguous()
     out = torch.empty(max(k + 1, pending.shape[0]), pending.shape[1], dtype=pending.dtype)
     (cache_k, cache_v), layer = head_cache, layers.layers[0]
-    n = _library().speclite_head_greedy(
+    n = _library().speclite_head_iterations(
         ctypes.byref(target), ctypes.byref(layer), layers.head, None if vocab_map is None else vocab_map.data_ptr(),
         None if fuse is None else ctypes.byref(fuse), *_ints(aux), cache_k.data_ptr(), cache_v.data_ptr(),
         head_cos.data_ptr(), head_sin.data_ptr(), cache_k.shape[1], layer.head_dim ** -0.5, normed_state,
-        DTYPES[target.dtype], t_len, committed, *_ints(pairs), pending.data_ptr(), token, k, room, *_ints(sorted(eos)),
-        int(seconds * 1e9), *run.outputs, out.data_ptr(), lengths, torch.get_num_threads())
-    return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]]
+        DTYPES[target.dtype], t_len, committed, *_ints(pairs), pending.data_ptr(), token, k, room,
+        *_sampling(warp, uniforms), *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, out.data_ptr(), lengths,
+        torch.get_num_threads())
+    return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]], lengths[3]
 
 
-def dflash_greedy(target: Decoder, draft: Decoder, kv: list[Matrices], fuse: Matrices, fuse_norm: torch.Tensor,
-                  fuse_eps: float, aux: list[int], mask: int, t_len: int, committed: int, pending: torch.Tensor,
-                  token: int, k: int, room: int, eos: set[int], seconds: float):
-    """Greedy speculative iterations of a DFlash drafter (`draft`: its layers, its norm with the
-    target's lm_head as the head, the target's embedding, its cache; kv: each layer's k and v
-    projections) over the target's states (the inputs of layers `aux` through fuse and fuse_norm)
-    and the target, in one call (see speclite_dflash_greedy): ([per iteration (drafts offered,
-    drafts stood, new tokens, draft s, verify s)], (the target's cache length, the drafter's context
-    entries), the pending context rows [T, H] after them)."""
-    run, lengths, pending = _Run(room), (ctypes.c_int * 3)(), pending.contiguous()
+def dflash_iterations(target: Decoder, draft: Decoder, kv: list[Matrices], fuse: Matrices, fuse_norm: torch.Tensor,
+                      fuse_eps: float, aux: list[int], mask: int, t_len: int, committed: int, pending: torch.Tensor,
+                      token: int, k: int, room: int, eos: set[int], seconds: float, warp=None,
+                      uniforms: torch.Tensor | None = None):
+    """Speculative iterations of a DFlash drafter (`draft`: its layers, its norm with the target's
+    lm_head as the head, the target's embedding, its cache; kv: each layer's k and v projections)
+    over the target's states (the inputs of layers `aux` through fuse and fuse_norm) and the target,
+    in one call (see speclite_dflash_iterations): greedy, or with `warp` rejection sampling with
+    `uniforms` as draft_iterations takes them. ([per iteration (drafts offered, drafts stood, new
+    tokens, draft s, verify s)], (the target's cache length, the drafter's context entries), the
+    pending context rows [T, H] after them, the uniforms used)."""
+    run, lengths, pending = _Run(room), (ctypes.c_int * 4)(), pending.contiguous()
     out = torch.empty(max(k + 1, pending.shape[0]), pending.shape[1], dtype=pending.dtype)
     kvs = (ctypes.POINTER(Matrices) * len(kv))(*(ctypes.pointer(m) for m in kv))
-    n = _library().speclite_dflash_greedy(
+    n = _library().speclite_dflash_iterations(
         ctypes.byref(target), ctypes.byref(draft), kvs, ctypes.byref(fuse), fuse_norm.data_ptr(), fuse_eps, *_ints(aux),
         mask, DTYPES[target.dtype], t_len, committed, pending.shape[0], pending.data_ptr(), token, k, room,
-        *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, out.data_ptr(), lengths, torch.get_num_threads())
-    return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]]
+        *_sampling(warp, uniforms), *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, out.data_ptr(), lengths,
+        torch.get_num_threads())
+    return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]], lengths[3]
+
+
+def _sampling(warp, uniforms: torch.Tensor | None) -> tuple:
+    """(the Warp's pointer, the uniforms' pointer, their count) for a sampling call; nulls when greedy."""
+    if warp is None:
+        return None, None, 0
+    uniforms = uniforms.to(torch.float32).contiguous()
+    return ctypes.byref(warp), uniforms.data_ptr(), uniforms.numel()
 
 
 def _ints(values: list[int]) -> tuple:
@@ -343,12 +354,12 @@ SIGNATURES = {
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
     "speclite_draft_iterations": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I,
                                   _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
-    "speclite_head_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
-                             ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I,
-                             _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
-    "speclite_dflash_greedy": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _P, ctypes.POINTER(Matrices), _P, _F,
-                               _P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P,
-                               _P, _P, _I],
+    "speclite_head_iterations": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
+                                 ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _P, _I, _P, _I,
+                                 _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
+    "speclite_dflash_iterations": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _P, ctypes.POINTER(Matrices), _P,
+                                   _F, _P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64,
+                                   _P, _P, _P, _P, _P, _P, _P, _I],
 }
 
 

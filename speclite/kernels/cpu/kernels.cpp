@@ -246,54 +246,6 @@ thread_local std::vector<char> draft_states;
 thread_local Buffers head_buffers;  // a drafting head's, beside the target's
 thread_local std::vector<char> head_states;
 
-// A one-layer drafting head's greedy chain (speclite_head_chain): step 0 feeds the T rows of x (states)
-// and e (embedding rows) at cache position `from`, each later step one row; a step's argmax over
-// the head's vocabulary (its last row; mapped through vocab_map where set) is the next draft, fed
-// with that row's layer output (normed_state: the norm's) as the state. The cache gains T + steps - 1
-// entries. cos/sin: RoPE rows of positions `start`.. (start <= from).
-struct HeadChain {
-    Model model;
-    const void *embed;
-    int edt;
-    const int64_t *vocab_map;
-    void *cache_k, *cache_v;
-    const void *cos, *sin;
-    int max_len, start;
-    float scale;
-    int normed_state;
-    int H = 0, V = 0, d = 0;
-    int64_t row = 0;
-    std::vector<char> x, e, out, normed, logits;
-
-    // Before the team forks: buffers for T first rows.
-    void reserve(int T, int dt) {
-        model.reserve(T, 1, dt);
-        const Layer &ly = *model.layers[0];
-        H = ly.o->n, V = model.head->mats->n, d = ly.head_dim, row = (int64_t)(dt == F32 ? 4 : 2) * H;
-        for (auto *v : {&x, &e, &out, &normed}) v->resize(row * T);
-        logits.resize((size_t)(dt == F32 ? 4 : 2) * V);
-    }
-
-    // Run by every thread of the team; ends in a barrier.
-    void run_team(int dt, int T, int from, int steps, int *tokens) {
-        void *captures[2] = {nullptr, nullptr};
-        for (int i = 0; i < steps; i++) {
-            const int M = i == 0 ? T : 1, at_pos = i == 0 ? from : from + T - 1 + i;
-            const int64_t rope = (int64_t)d * (at_pos - start);
-            const Step st{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, at_pos, at_pos + M, scale};
-            model.forward_team(st, x.data(), e.data(), out.data(), captures, &cache_k, &cache_v, 1, normed.data(),
-                               logits.data());
-            if (team::id() == 0) {
-                const int best = argmax(logits.data(), dt, V);
-                tokens[i] = vocab_map ? (int)vocab_map[best] : best;
-                memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
-                embed_row(e.data(), dt, embed, edt, tokens[i], H);
-            }
-            model.sc.barrier.wait(team::size());  // the next step reads x and e
-        }
-    }
-};
-
 // What a call of greedy speculative iterations hands back (cpu_layer_ops._Run), kept by thread 0: the
 // new tokens in order, per iteration the drafts offered and stood and the ns spent drafting and
 // verifying; and whether the call is to stop: an EOS among the new tokens, or its time spent.
@@ -325,6 +277,116 @@ struct Iterations {
         }
         drafted[count] = kk, accepted[count] = n, draft_ns[count] = draft, verify_ns[count++] = verify;
         stop |= team::now_ns() >= until;
+    }
+};
+
+// How a loop's speculative iterations pick their drafts and judge them. Greedy (warp null): a draft is
+// its row's argmax, and drafts stand while they equal the target's argmax at the row before, whose
+// token after them comes next. Sampled: a draft is drawn from its row's warp over the target's V
+// tokens (a head's vocabulary through its map, others -inf; a draft model's logits cut to V or padded
+// with -inf), and rejection (sampling.h) judges them against the target's warped rows: the loop's
+// rejection sampling of a chain, the uniforms taken in its order (an iteration's kk drafts', its kk
+// acceptances', the next token's).
+struct Picks {
+    const Warp *warp;
+    const float *uniforms;
+    int n_uniforms, V;
+    int used = 0;  // uniforms taken by the iterations judged
+    std::vector<float> q, p, residual;  // the drafts' and the target's warped rows
+    std::vector<std::vector<float>> rows;  // per thread: a draft's logits over the target's vocabulary
+    std::vector<WarpScratch> scratch;
+
+    Picks(const Warp *w, const float *u, int n_u, int V_, int k, int threads)
+        : warp(w), uniforms(u), n_uniforms(n_u), V(V_), q(w ? (size_t)V_ * k : 0), p(w ? (size_t)V_ * (k + 1) : 0),
+          rows(w ? threads : 0), scratch(w ? threads : 0) {}
+
+    // Whether the uniforms left suffice for an iteration of kk drafts.
+    bool enough(int kk) const { return !warp || n_uniforms - used >= 2 * kk + 1; }
+
+    // Draft i of this iteration from a logits row (dtype dt, `width` values: a head's vocabulary, mapped
+    // to tokens by vocab_map, or a model's): the argmax of its first `vocab`, or the draw. Thread `slot`.
+    int draft(const void *logits, int dt, int width, int vocab, const int64_t *vocab_map, int i, int slot) {
+        if (!warp) {
+            const int best = argmax(logits, dt, std::min(vocab, width));
+            return vocab_map ? (int)vocab_map[best] : best;
+        }
+        const void *row = logits;
+        int rdt = dt;
+        if (vocab_map || width < V) {
+            std::vector<float> &full = rows[slot];
+            full.assign(V, -INFINITY);
+            for (int j = 0; j < std::min(width, V); j++) full[vocab_map ? vocab_map[j] : j] = to_float(logits, dt, j);
+            row = full.data(), rdt = F32;
+        }
+        float *qi = q.data() + (int64_t)V * i;
+        warp_row(row, rdt, V, *warp, qi, scratch[slot]);
+        return draw(qi, V, uniforms[used + i]);
+    }
+
+    // Every thread, after the target's pass over [token, drafts] (logits [kk + 1, V], dtype dt): thread
+    // 0 sets n to how many drafts stood and best to the token after them. Sampled: the team warps the
+    // target's rows first and meets at the barrier.
+    void judge_team(const void *logits, int dt, const int *drafts, int kk, int &n, int &best, team::TeamBarrier &barrier) {
+        if (warp) {
+            const auto [r0, r1] = team::share(kk + 1);
+            for (int r = r0; r < r1; r++)
+                warp_row(at(logits, dt, (int64_t)V * r), dt, V, *warp, p.data() + (int64_t)V * r, scratch[team::id()]);
+            barrier.wait(team::size());
+        }
+        if (team::id() != 0) return;
+        if (!warp) {
+            n = Iterations::stood(logits, dt, V, drafts, kk, best);
+            return;
+        }
+        n = rejection(p.data(), q.data(), V, drafts, kk, uniforms + used + kk, uniforms[used + 2 * kk], residual, best);
+        used += 2 * kk + 1;
+    }
+};
+
+// A one-layer drafting head's chain (speclite_head_chain): step 0 feeds the T rows of x (states) and e
+// (embedding rows) at cache position `from`, each later step one row; a step's pick (Picks::draft) from
+// the logits of its last row over the head's vocabulary (mapped through vocab_map where set) is the
+// next draft, fed with that row's layer output (normed_state: the norm's) as the state. The cache gains
+// T + steps - 1 entries. cos/sin: RoPE rows of positions `start`.. (start <= from).
+struct HeadChain {
+    Model model;
+    const void *embed;
+    int edt;
+    const int64_t *vocab_map;
+    void *cache_k, *cache_v;
+    const void *cos, *sin;
+    int max_len, start;
+    float scale;
+    int normed_state;
+    int H = 0, V = 0, d = 0;
+    int64_t row = 0;
+    std::vector<char> x, e, out, normed, logits;
+
+    // Before the team forks: buffers for T first rows.
+    void reserve(int T, int dt) {
+        model.reserve(T, 1, dt);
+        const Layer &ly = *model.layers[0];
+        H = ly.o->n, V = model.head->mats->n, d = ly.head_dim, row = (int64_t)(dt == F32 ? 4 : 2) * H;
+        for (auto *v : {&x, &e, &out, &normed}) v->resize(row * T);
+        logits.resize((size_t)(dt == F32 ? 4 : 2) * V);
+    }
+
+    // Run by every thread of the team; ends in a barrier.
+    void run_team(int dt, int T, int from, int steps, int *tokens, Picks &picks) {
+        void *captures[2] = {nullptr, nullptr};
+        for (int i = 0; i < steps; i++) {
+            const int M = i == 0 ? T : 1, at_pos = i == 0 ? from : from + T - 1 + i;
+            const int64_t rope = (int64_t)d * (at_pos - start);
+            const Step st{dt, M, at(cos, dt, rope), at(sin, dt, rope), nullptr, max_len, at_pos, at_pos + M, scale};
+            model.forward_team(st, x.data(), e.data(), out.data(), captures, &cache_k, &cache_v, 1, normed.data(),
+                               logits.data());
+            if (team::id() == 0) {
+                tokens[i] = picks.draft(logits.data(), dt, V, V, vocab_map, i, 0);
+                memcpy(x.data(), (normed_state ? normed.data() : out.data()) + row * (M - 1), row);
+                embed_row(e.data(), dt, embed, edt, tokens[i], H);
+            }
+            model.sc.barrier.wait(team::size());  // the next step reads x and e
+        }
     }
 };
 
@@ -377,14 +439,13 @@ struct Verification {
           logits((size_t)(dt_ == F32 ? 4 : 2) * V * (k + 1)), captured(target_->n, aux, n_aux, k + 1, x.size() / (k + 1)) {}
     void feed(int token, const int *drafts, int kk) { embed_iteration(x.data(), dt, *target, token, drafts, kk); }
     // Every thread (the model's reserved for k + 1 rows); thread 0 then sets n to how many of the kk
-    // drafts stood and best to the target's token after them. normed: the rows' final normed states,
-    // where wanted.
-    void pass_team(int t_len, const int *drafts, int kk, void *normed, int &n, int &best) {
+    // drafts stood and best to the token after them (picks' verdict). normed: the rows' final normed
+    // states, where wanted.
+    void pass_team(Picks &picks, int t_len, const int *drafts, int kk, void *normed, int &n, int &best) {
         t.forward_team(target->step(dt, kk + 1, t_len), x.data(), nullptr, out.data(), captured.at.data(),
                        target->caches_k, target->caches_v, kk + 1, normed, logits.data());
-        if (team::id() != 0) return;
-        n = Iterations::stood(logits.data(), dt, V, drafts, kk, best);
-        captured.join(out.data(), kk + 1, n);
+        picks.judge_team(logits.data(), dt, drafts, kk, n, best, t.sc.barrier);
+        if (team::id() == 0) captured.join(out.data(), kk + 1, n);
     }
 };
 
@@ -490,7 +551,8 @@ void speclite_head_chain(const Layer *layer, const Head *head, const void *embed
     chain.reserve(T, dt);
     memcpy(chain.x.data(), hidden, chain.row * T);
     for (int m = 0; m < T; m++) embed_row(chain.e.data() + chain.row * m, dt, embed, edt, first[m], chain.H);
-    team::run(threads, [&] { chain.run_team(dt, T, start, steps, tokens); });
+    Picks greedy{nullptr, nullptr, 0, chain.V, steps, threads};
+    team::run(threads, [&] { chain.run_team(dt, T, start, steps, tokens, greedy); });
 }
 
 // probs [rows, V] (fp32) = each row of logits [rows, V] (dtype dt) warped (sampling.h's warp_row);
@@ -562,39 +624,20 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
     std::vector<char> xd(es * Hd * first_rows), outd(es * Hd * first_rows), logd(es * Vrow * k);
     std::vector<int> fed(unseen, unseen + n_unseen), drafts(k);
     std::vector<void *> no_t(target->n + 1, nullptr), no_d(draft->n + 1, nullptr);
-    // Sampling's rows: the drafts' and the target's warps (V wide), a draft's logits padded to V.
-    std::vector<float> q(warp ? (size_t)V * k : 0), p(warp ? (size_t)V * (k + 1) : 0), padded, residual;
-    std::vector<WarpScratch> warps(warp ? threads : 0);
+    Picks picks{warp, uniforms, n_uniforms, V, k, threads};
     Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
-    int kk = 0, used = 0;  // this iteration's drafts (0: stop) and the uniforms taken, thread 0's
+    int kk = 0;  // this iteration's drafts (0: stop), thread 0's to decide
     int64_t draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration: its k and the draft's rows
         const int r = std::min(room - out.produced, target->max_len - t_len);
         kk = std::min({k, r - 1, draft->max_len - (d_len + (int)fed.size()) + 1});
-        if (out.stop || kk < 1 || (warp && n_uniforms - used < 2 * kk + 1)) {
+        if (out.stop || kk < 1 || !picks.enough(kk)) {
             kk = 0;
             return;
         }
         const int M = (int)fed.size() + (parallel ? kk - 1 : 0);
         for (int m = 0; m < M; m++)
             embed_row(xd.data() + es * Hd * m, dt, draft->embed, draft->edt, m < (int)fed.size() ? fed[m] : mask, Hd);
-    };
-    // Draft i from the draft's logits row (thread `slot`'s scratch): the argmax, or drawn from its warp.
-    auto propose = [&](const char *row, int i, int slot) {
-        if (!warp) {
-            drafts[i] = argmax(row, dt, Vd);
-            return;
-        }
-        const void *logits = row;
-        int ldt = dt;
-        if (Vrow < V) {  // over the target's vocabulary: the rows it lacks can never be drafted
-            padded.resize(V);
-            widen(row, dt, 0, Vrow, padded.data());
-            std::fill(padded.begin() + Vrow, padded.end(), -INFINITY);
-            logits = padded.data(), ldt = F32;
-        }
-        warp_row(logits, ldt, V, *warp, q.data() + (int64_t)V * i, warps[slot]);
-        drafts[i] = draw(q.data() + (int64_t)V * i, V, uniforms[used + i]);
     };
     team::run(threads, [&] {
         if (team::id() == 0) decide();
@@ -604,17 +647,15 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
             const int M = (int)fed.size() + (parallel ? kk - 1 : 0), R = parallel ? kk : 1;
             d.forward_team(draft->step(dt, M, d_len), xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k,
                            draft->caches_v, R, nullptr, logd.data());
-            // A parallel draft's rows shared by the team (row 0: thread 0's; a padded row's buffer is
-            // thread 0's alone, so then thread 0 takes them all).
-            const auto [r0, r1] = warp && Vrow < V ? std::pair<int, int>{0, team::id() == 0 ? R : 0} : team::share(R);
-            for (int i = r0; i < r1; i++) propose(logd.data() + es * Vrow * i, i, team::id());
+            const auto [r0, r1] = team::share(R);  // a parallel draft's rows shared by the team (row 0: thread 0's)
+            for (int i = r0; i < r1; i++) drafts[i] = picks.draft(logd.data() + es * Vrow * i, dt, Vrow, Vd, nullptr, i, team::id());
             if (R > 1) t.sc.barrier.wait(team::size());  // thread 0 reads them all next
             for (int i = 1; !parallel && i < kk; i++) {  // an autoregressive draft's chain
                 if (team::id() == 0) embed_row(xd.data(), dt, draft->embed, draft->edt, drafts[i - 1], Hd);
                 t.sc.barrier.wait(team::size());
                 d.forward_team(draft->step(dt, 1, d_len + M + i - 1), xd.data(), nullptr, outd.data(), no_d.data(),
                                draft->caches_k, draft->caches_v, 1, nullptr, logd.data());
-                if (team::id() == 0) propose(logd.data(), i, 0);
+                if (team::id() == 0) drafts[i] = picks.draft(logd.data(), dt, Vrow, Vd, nullptr, i, 0);
             }
             if (team::id() == 0) {
                 embed_iteration(xt.data(), dt, *target, token, drafts.data(), kk);
@@ -624,21 +665,9 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
             const int64_t t1 = team::now_ns();
             t.forward_team(target->step(dt, kk + 1, t_len), xt.data(), nullptr, outt.data(), no_t.data(), target->caches_k,
                            target->caches_v, kk + 1, nullptr, logt.data());
-            if (warp) {  // the target's rows warped, shared by the team
-                const auto [p0, p1] = team::share(kk + 1);
-                for (int i = p0; i < p1; i++)
-                    warp_row(logt.data() + es * V * i, dt, V, *warp, p.data() + (int64_t)V * i, warps[team::id()]);
-                t.sc.barrier.wait(team::size());
-            }
+            int n, best;
+            picks.judge_team(logt.data(), dt, drafts.data(), kk, n, best, t.sc.barrier);
             if (team::id() == 0) {
-                int best, n;
-                if (warp) {
-                    n = rejection(p.data(), q.data(), V, drafts.data(), kk, uniforms + used + kk, uniforms[used + 2 * kk],
-                                  residual, best);
-                    used += 2 * kk + 1;
-                } else {
-                    n = Iterations::stood(logt.data(), dt, V, drafts.data(), kk, best);
-                }
                 // The fed drafts that stood keep their entries. (Where the loop's observe also keeps a fed
                 // rejected draft equal to the drawn token, its next propose drops that entry again.)
                 const int kept = parallel ? 0 : std::min(n, kk - 1);
@@ -652,7 +681,7 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
             t.sc.barrier.wait(team::size());
         }
     });
-    lengths[0] = t_len, lengths[1] = d_len, lengths[2] = used;
+    lengths[0] = t_len, lengths[1] = d_len, lengths[2] = picks.used;
     return out.count;
 }
 
@@ -670,13 +699,14 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
 // target's); the call stops where that leaves no draft, after an EOS, or once budget_ns have
 // passed. Out as speclite_parallel_greedy's; lengths = (t_len, c, T) after the last iteration and
 // pending_out [k + 1, Hh] its first T rows the pending states. Returns the number of iterations.
-int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *head, const int64_t *vocab_map,
+int speclite_head_iterations(const Decoder *target, const Layer *layer, const Head *head, const int64_t *vocab_map,
                          const Matrices *fuse, const int *aux, int n_aux, void *head_k, void *head_v, const void *head_cos,
                          const void *head_sin, int head_max_len, float head_scale, int normed_state, int dt,
                          int t_len, int c,
-                         const int *pairs, int T, const void *pending, int token, int k, int room, const int *eos,
-                         int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
-                         int64_t *verify_ns, void *pending_out, int *lengths, int threads) {
+                         const int *pairs, int T, const void *pending, int token, int k, int room, const Warp *warp,
+                         const float *uniforms, int n_uniforms, const int *eos, int n_eos, int64_t budget_ns,
+                         int *tokens, int *drafted, int *accepted, int64_t *draft_ns, int64_t *verify_ns,
+                         void *pending_out, int *lengths, int threads) {
     const int H = target->layers[0]->o->n, L = target->n;
     const int64_t es = dt == F32 ? 4 : 2, trow = es * H;
     Model t{target->layers, L, target->head, layer_buffers, scratch, layer_states};
@@ -690,27 +720,28 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
     memcpy(hc.x.data(), pending, hc.row * T);
     for (int m = 0; m < T; m++) embed_row(hc.e.data() + hc.row * m, dt, target->embed, target->edt, pairs[m], hc.H);
     std::vector<int> drafts(k);
+    Picks picks{warp, uniforms, n_uniforms, target->head->mats->n, k, threads};
     Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
     int kk = 0, n = 0, best = 0;  // this iteration's drafts (0: stop) and verdict, thread 0's
     int64_t draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration
         const int r = std::min(room - out.produced, target->max_len - t_len);
         kk = std::min({k, r - 1, head_max_len - c - T});
-        if (out.stop || kk < 1) kk = 0;
+        if (out.stop || kk < 1 || !picks.enough(kk)) kk = 0;
     };
     team::run(threads, [&] {
         if (team::id() == 0) decide();
         t.sc.barrier.wait(team::size());  // every thread reads what thread 0 decided
         while (kk > 0) {
             const int64_t t0 = team::now_ns();
-            hc.run_team(dt, T, c, kk, drafts.data());
+            hc.run_team(dt, T, c, kk, drafts.data(), picks);
             if (team::id() == 0) {
                 v.feed(token, drafts.data(), kk);
                 draft_time = team::now_ns() - t0;
             }
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
-            v.pass_team(t_len, drafts.data(), kk, fuse ? nullptr : normt.data(), n, best);
+            v.pass_team(picks, t_len, drafts.data(), kk, fuse ? nullptr : normt.data(), n, best);
             if (team::id() == 0) {
                 for (int r = 0; r <= n; r++)
                     embed_row(hc.e.data() + hc.row * r, dt, target->embed, target->edt, r < n ? drafts[r] : best, hc.H);
@@ -727,7 +758,7 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
         }
     });
     memcpy(pending_out, hc.x.data(), hc.row * T);
-    lengths[0] = t_len, lengths[1] = c, lengths[2] = T;
+    lengths[0] = t_len, lengths[1] = c, lengths[2] = T, lengths[3] = picks.used;
     return out.count;
 }
 
@@ -746,11 +777,12 @@ int speclite_head_greedy(const Decoder *target, const Layer *layer, const Head *
 // context. k shrinks to fit both caches and `room` new tokens; the call stops as
 // speclite_draft_iterations's. Out as speclite_draft_iterations's; lengths = (t_len, c, T) after the last
 // iteration and pending_out [max(T, k + 1), H] its first T rows the pending rows.
-int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Matrices *const *kv, const Matrices *fuse,
+int speclite_dflash_iterations(const Decoder *target, const Decoder *draft, const Matrices *const *kv, const Matrices *fuse,
                            const void *fuse_norm, float fuse_eps, const int *aux, int n_aux, int mask, int dt, int t_len,
-                           int c, int T, const void *pending, int token, int k, int room, const int *eos, int n_eos,
-                           int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
-                           int64_t *verify_ns, void *pending_out, int *lengths, int threads) {
+                           int c, int T, const void *pending, int token, int k, int room, const Warp *warp,
+                           const float *uniforms, int n_uniforms, const int *eos, int n_eos, int64_t budget_ns,
+                           int *tokens, int *drafted, int *accepted, int64_t *draft_ns, int64_t *verify_ns,
+                           void *pending_out, int *lengths, int threads) {
     const int H = target->layers[0]->o->n, V = target->head->mats->n, L = target->n;
     const Layer &first = *draft->layers[0];
     const int d = first.head_dim, kv_width = 2 * first.kv_heads * d, rows = std::max(T, k + 1);
@@ -768,13 +800,14 @@ int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Ma
     Verification v(target, t, dt, k, aux, n_aux);
     memcpy(ctx.data(), pending, trow * T);
     std::vector<int> drafts(k);
+    Picks picks{warp, uniforms, n_uniforms, V, k, threads};
     Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
     int kk = 0, n = 0, best = 0;  // this iteration's drafts (0: stop) and verdict, thread 0's
     int64_t t0 = 0, draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration
         const int r = std::min(room - out.produced, target->max_len - t_len);
         kk = std::min({k, r - 1, draft->max_len - (c + T) - 1});
-        if (out.stop || kk < 1) kk = 0;
+        if (out.stop || kk < 1 || !picks.enough(kk)) kk = 0;
         t0 = team::now_ns();
     };
     team::run(threads, [&] {
@@ -799,7 +832,7 @@ int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Ma
             dm.forward_team(block, xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k, draft->caches_v, kk,
                             nullptr, logd.data());
             const auto [r0, r1] = team::share(kk);
-            for (int i = r0; i < r1; i++) drafts[i] = argmax(logd.data() + es * V * i, dt, V);
+            for (int i = r0; i < r1; i++) drafts[i] = picks.draft(logd.data() + es * V * i, dt, V, V, nullptr, i, team::id());
             t.sc.barrier.wait(team::size());
             if (team::id() == 0) {
                 v.feed(token, drafts.data(), kk);
@@ -807,7 +840,7 @@ int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Ma
             }
             t.sc.barrier.wait(team::size());
             const int64_t t1 = team::now_ns();
-            v.pass_team(t_len, drafts.data(), kk, nullptr, n, best);
+            v.pass_team(picks, t_len, drafts.data(), kk, nullptr, n, best);
             if (team::id() == 0) T = n + 1, t_len += n + 1, token = best;
             t.sc.barrier.wait(team::size());
             matmul_team(*fuse, v.captured.joined.data(), dt, T, fused.data(), t.sc);  // the next pending rows: fc, then hidden_norm
@@ -822,7 +855,7 @@ int speclite_dflash_greedy(const Decoder *target, const Decoder *draft, const Ma
         }
     });
     memcpy(pending_out, ctx.data(), trow * T);
-    lengths[0] = t_len, lengths[1] = c, lengths[2] = T;
+    lengths[0] = t_len, lengths[1] = c, lengths[2] = T, lengths[3] = picks.used;
     return out.count;
 }
 

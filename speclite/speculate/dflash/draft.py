@@ -69,7 +69,7 @@ class DFlashDraft(nn.Module):
         return KVCache(a.num_layers, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
 
     def kernel_decoder(self, x: torch.Tensor, cache: KVCache, embed: nn.Module, lm_head: nn.Module) -> tuple | None:
-        """For speclite_dflash_greedy: (the drafter as a C Decoder of activations like x: its layers, its
+        """For speclite_dflash_iterations: (the drafter as a C Decoder of activations like x: its layers, its
         norm with the target's lm_head as the head, the target's embedding, its cache and RoPE rows;
         each layer's k/v projections; fc; hidden_norm), or None where the kernels do not take all of
         it, or a hook must fire or a gradient flow."""

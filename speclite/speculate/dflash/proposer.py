@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.kernels import cpu_layer_ops
+from speclite.kernels import cpu_layer_ops, cpu_sampling
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
+from speclite.sampling import Ahead
 from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.dflash.draft import DFlashDraft
 from speclite.speculate.draft_model import draw_rows
@@ -85,6 +86,15 @@ class DFlashProposer(Proposer):
         context's injection, the block's forward and argmaxes, the target's pass capturing the layers
         the drafter reads, the acceptance, fc and hidden_norm over the stood rows). [] where the
         pending rows do not reach the last token (the loop's own iteration then)."""
+        return self._run(target, cache, token, k, room, eos, seconds, None, None)
+
+    def sampled_run(self, target, cache, token, k, room, eos, seconds, params, generator) -> list[Iteration] | None:
+        """greedy_run's C call drawing the block's drafts from their warps and judging them as the loop's
+        rejection sampling does (as DraftModelProposer.sampled_run)."""
+        warp = cpu_sampling.Warp(params.temperature, params.top_k, params.top_p)
+        return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
+
+    def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         theirs = target.kernel_decoder(cache)
         ours = None if theirs is None else self.draft.kernel_decoder(self.pending, self.cache, self.embed, self.lm_head)
         if ours is None or theirs.dtype != self.pending.dtype:
@@ -92,10 +102,14 @@ class DFlashProposer(Proposer):
         decoder, kv, fuse, norm = ours
         if self.pending.shape[0] != len(self.tokens) - 1 - self.cache.length:
             return []
-        run, (cache.length, self.cache.length), self.pending = cpu_layer_ops.dflash_greedy(
+        k = min(k, self.draft.block_size - 1)
+        ahead = None if warp is None else Ahead(generator, min(room, 64) * (2 * k + 1))
+        run, (cache.length, self.cache.length), self.pending, used = cpu_layer_ops.dflash_iterations(
             theirs, decoder, kv, fuse, norm.weight, norm.eps, [i + 1 for i in self.draft.target_layers],
-            self.draft.mask_token, cache.length, self.cache.length, self.pending, token,
-            min(k, self.draft.block_size - 1), room, eos, seconds)
+            self.draft.mask_token, cache.length, self.cache.length, self.pending, token, k, room, eos, seconds, warp,
+            None if ahead is None else ahead.values)
+        if ahead is not None:
+            ahead.settle(used)
         run = [Iteration(*iteration) for iteration in run]
         for iteration in run:
             self.tokens.extend(iteration.tokens)

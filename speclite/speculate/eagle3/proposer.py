@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.kernels import cpu_gemm, cpu_layer_ops
+from speclite.kernels import cpu_gemm, cpu_layer_ops, cpu_sampling
 from speclite.model.decoder import hooked, rope_rows
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
-from speclite.sampling import sample, uniform, warp
+from speclite.sampling import Ahead, sample, uniform, warp
 from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
 from speclite.speculate.eagle3.head import Eagle3Head
 
@@ -102,6 +102,18 @@ class Eagle3Proposer(Proposer):
         EAGLE-3 head reads), the acceptance and the next states (fc over the stood rows' captures, or
         MTP's final normed states) each time. [] where the pending rows are not all pairs yet, or the
         pairs start at a position whose embedding the head zeroes (the loop's own iteration then)."""
+        return self._run(target, cache, token, k, room, eos, seconds, None, None)
+
+    def sampled_run(self, target, cache, token, k, room, eos, seconds, params, generator) -> list[Iteration] | None:
+        """greedy_run's C call drawing the chain from the head's warps over the target's vocabulary and
+        judging it as the loop's rejection sampling does (as DraftModelProposer.sampled_run)."""
+        head = self.head
+        if head.output_head().out_features != self.target_vocab and not isinstance(head, Eagle3Head):
+            return None  # a module's logits over another vocabulary than the target's: no q to compare
+        warp = cpu_sampling.Warp(params.temperature, params.top_k, params.top_p)
+        return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
+
+    def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         head = self.head
         theirs = None if self.topk != 1 else target.kernel_decoder(cache)  # (the embedding is the target's)
         layers = None if theirs is None or self.pending is None else head.cpu_layers(self.pending)
@@ -111,10 +123,15 @@ class Eagle3Proposer(Proposer):
         c, t = self.committed, self.pending.shape[0]
         if t != len(self.tokens) - 1 - c or (c == 0 and head.zeroes_position_0):
             return []
+        k = min(k, self.steps or k)
         cos, sin = rope_rows(head, slice(0, self.cache.max_len), self.cache.max_len, self.pending.dtype, self.pending.device)
-        run, (cache.length, self.committed), self.pending = cpu_layer_ops.head_greedy(
+        ahead = None if warp is None else Ahead(generator, min(room, 64) * (2 * k + 1))
+        run, (cache.length, self.committed), self.pending, used = cpu_layer_ops.head_iterations(
             theirs, layers, head.target_ids, *states, head.normed_state, self.cache.layers[0], cos, sin, cache.length, c,
-            self.tokens[c + 1 :], self.pending, token, min(k, self.steps or k), room, eos, seconds)
+            self.tokens[c + 1 :], self.pending, token, k, room, eos, seconds, warp,
+            None if ahead is None else ahead.values)
+        if ahead is not None:
+            ahead.settle(used)
         self.cache.length = self.committed
         run = [Iteration(*iteration) for iteration in run]
         for iteration in run:
