@@ -17,6 +17,7 @@ from torch import nn
 
 from speclite import kernels
 from speclite.kernels import cpu_gemm, cpu_layer_ops, cpu_sampling
+from speclite.kernels.cpu_threads import one_thread
 from speclite.kernels.dense import HALF
 from speclite.errors import SpecliteError
 from speclite.model.kv_cache import KVCache
@@ -191,7 +192,8 @@ def rope_rows(owner: nn.Module, pos: torch.Tensor | slice, max_len: int, dtype, 
     tables = owner.__dict__.get("_rope_tables")
     if tables is None or tables[0].shape[0] < max_len or tables[0].dtype != dtype:
         tables = owner._rope_tables = rope_tables(torch.arange(max_len), owner.inv_freq, owner.rope_scale, dtype)
-    return tables[0][pos], tables[1][pos]
+    with one_thread(device):  # a prompt's rows picked by a tensor went through OpenMP (kernels.cpu_threads)
+        return tables[0][pos], tables[1][pos]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -362,6 +364,17 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
+def embed_rows(embed: nn.Module, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The tokens' rows of an embedding module in `dtype` (a 16-bit table's widened, exactly): on the CPU
+    kernels' path a gather in C (cpu_layer_ops.embed says why), else the module's."""
+    if type(embed) is nn.Embedding and not hooked([embed]) and not cpu_gemm.needs_grad(embed.weight, [embed]):
+        table = embed.weight
+        exact = table.dtype == dtype or (dtype == torch.float32 and table.dtype in HALF)
+        if exact and cpu_layer_ops.takes(table) and tokens.device.type == "cpu":
+            return cpu_layer_ops.embed(table, tokens, dtype)
+    return embed(tokens).to(dtype)
+
+
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -515,15 +528,8 @@ class Transformer(nn.Module):
         return rope_rows(self, pos, max_len, dtype, device)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The tokens' embedding rows in the activations' dtype (a 16-bit table's widened, exactly): on
-        the CPU kernels' path a gather in C (cpu_layer_ops.embed says why), else the module's."""
-        embed = self.model.embed_tokens
-        if type(embed) is nn.Embedding and not hooked([embed]) and not cpu_gemm.needs_grad(embed.weight, [embed]):
-            table = embed.weight
-            exact = table.dtype == self.dtype or (self.dtype == torch.float32 and table.dtype in HALF)
-            if exact and cpu_layer_ops.takes(table) and tokens.device.type == "cpu":
-                return cpu_layer_ops.embed(table, tokens, self.dtype)
-        return embed(tokens).to(self.dtype)
+        """The tokens' embedding rows in the activations' dtype (embed_rows)."""
+        return embed_rows(self.model.embed_tokens, tokens, self.dtype)
 
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
         x = self.embed(tokens)

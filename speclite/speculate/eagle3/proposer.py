@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from speclite.kernels import cpu_gemm, cpu_layer_ops, cpu_sampling
-from speclite.model.decoder import hooked, rope_rows
+from speclite.model.decoder import embed_rows, hooked, rope_rows
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
 from speclite.sampling import Ahead, sample, uniform, warp
@@ -151,8 +151,8 @@ class Eagle3Proposer(Proposer):
               mask=None):
         """The head's (logits, states) for these rows; tokens and positions may already be device tensors."""
         device = hidden.device
-        embeds = self.embed(torch.as_tensor(tokens, device=device))
-        return self.head(embeds.to(hidden.dtype), hidden, torch.as_tensor(positions, device=device), self.cache, mask)
+        embeds = embed_rows(self.embed, torch.as_tensor(tokens, device=device), hidden.dtype)
+        return self.head(embeds, hidden, torch.as_tensor(positions, device=device), self.cache, mask)
 
     def propose(self, k: int) -> Proposal:
         # Pending rows whose next token is known are the target's pairs: they join the committed cache.

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from speclite.kernels import cpu_gemm, cpu_layer_ops
+from speclite.kernels.cpu_threads import one_thread
 from speclite.model.decoder import Block, Linear, ModelArgs, RMSNorm
 from speclite.model.kv_cache import KVCache
 from speclite.speculate.one_layer_head import OneLayerHead
@@ -70,8 +71,9 @@ class MTPModule(OneLayerHead):
                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [T, V], states [T, H]) for T rows appended at cache.length (`mask` as run_layer's)."""
         # vLLM (deepseek_mtp, mimo_mtp) zeroes the embedding paired with position 0, as in training.
-        if self.zeroes_position_0:
-            embeds = embeds.masked_fill((positions == 0)[:, None], 0)
+        if self.zeroes_position_0:  # (a prompt's rows: on one thread, see kernels.cpu_threads)
+            with one_thread(embeds.device):
+                embeds = embeds.masked_fill((positions == 0)[:, None], 0)
         fused = self.fused(embeds, hidden, positions, cache, mask)
         if fused is not None:
             logits, normed, out = fused
