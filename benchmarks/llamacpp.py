@@ -24,7 +24,9 @@ vs Q4_0, int4/int4 (head too) vs Q4_0
 --depth N for a longer context, where attention weighs more),
 prefill = pp128 (llama-bench -p 128). Then the embedded pair (tiny-code + tiny-code-draft): plain
 decoding against llama-bench, and each speculative method (PAIR_METHODS, with its trained draft)
-against llama-speculative (--spec-draft-n-max 4) on the pair as GGUF f32 (--pair-only: just these). Each round runs every contestant once; the median over --rounds is printed, with the CPU
+against llama-speculative (--spec-draft-n-max 4) on the pair as GGUF f32 (--pair-only: just these;
+--temperature T: both sides sample at T, llama.cpp's other samplers off; speclite's plain row then
+samples too, llama-bench's does not sample). Each round runs every contestant once; the median over --rounds is printed, with the CPU
 model, its ISA flags and the measured copy bandwidth. Run it on an idle machine: the numbers are
 only as good as the quiet around them.
 """
@@ -169,10 +171,14 @@ def llama_bench(bins: Path, model: Path, threads: int, mode: str, depth: int = 3
         return float(json.loads(done.stdout)[0]["avg_ts"])
 
 
-def llama_speculative(bins: Path, target: Path, draft: Path, threads: int, k: int, n: int) -> float:
+def llama_speculative(bins: Path, target: Path, draft: Path, threads: int, k: int, n: int, temperature: float) -> float:
+    # Greedy (--top-k 1), or pure temperature sampling: its other samplers (top-k 40, top-p 0.95,
+    # min-p 0.05 by default) off, as speclite's are.
+    sampling = (["--temp", "0", "--top-k", "1"] if temperature == 0 else
+                ["--temp", str(temperature), "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0", "--seed", "1"])
     done = subprocess.run([str(bins / "llama-speculative"), "-m", str(target), "-md", str(draft), "-p", PAIR_PROMPT,
                            "-n", str(n), "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "-t", str(threads), "-td",
-                           str(threads), "--temp", "0", "--top-k", "1", "-c", "512"],
+                           str(threads), *sampling, "-c", "512"],
                           capture_output=True, text=True)
     found = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", done.stderr + done.stdout)
     if found is None:
@@ -199,11 +205,11 @@ def speclite_prefill(model, prompt: list[int]) -> float:
     return len(prompt) / (time.perf_counter() - start)
 
 
-def speclite_generate(llm: LLM, n: int) -> float:
+def speclite_generate(llm: LLM, n: int, temperature: float) -> float:
     # A short run first, as llama-bench and llama-speculative warm up before they time: each LLM here
     # holds its own copy of the pair (23 MB of f32), which the other contestants push out of the L3.
     llm.generate(PAIR_PROMPT, SamplingParams(max_new_tokens=8, ignore_eos=True))
-    params = SamplingParams(max_new_tokens=n, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=temperature, seed=1)
     start = time.perf_counter()
     out = llm.generate(PAIR_PROMPT, params)[0]
     return len(out.token_ids) / (time.perf_counter() - start)
@@ -241,6 +247,8 @@ def main():
     ap.add_argument("--skip-pair", action="store_true")
     ap.add_argument("--pair-only", action="store_true", help="only the embedded pair's rows")
     ap.add_argument("--depth", type=int, default=32, help="tokens of context before the timed decode (-d)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="the pair's speculative rows sampled at this temperature on both sides (0: greedy)")
     ap.add_argument("--rows", default=",".join(label for label, _, _ in ROWS), help="the equal-bits rows to run")
     ap.add_argument("--isa", choices=sorted(ISA_FLAGS), default="native",
                     help="avx2: both sides on their AVX2 code (llama.cpp rebuilt without AVX-512)")
@@ -300,11 +308,12 @@ def main():
             record(f"{label}/speclite/prefill", speclite_prefill(models[label], prompt128))
             record(f"{label}/llama/prefill", llama_bench(bins, ggufs[kind], args.threads, "prefill"))
         if pair:
-            record("pair/speclite/plain", speclite_generate(pair["plain"], 128))
+            record("pair/speclite/plain", speclite_generate(pair["plain"], 128, args.temperature))
             record("pair/llama/plain", llama_bench(bins, pair["target"], args.threads, "decode"))
             for label, _ in PAIR_METHODS:
-                record(f"pair/speclite/{label}", speclite_generate(pair[label], 128))
-            record("pair/llama/speculative", llama_speculative(bins, pair["target"], pair["draft"], args.threads, 4, 128))
+                record(f"pair/speclite/{label}", speclite_generate(pair[label], 128, args.temperature))
+            record("pair/llama/speculative", llama_speculative(bins, pair["target"], pair["draft"], args.threads, 4, 128,
+                                                               args.temperature))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
 
     m = {key: median(v) for key, v in results.items()}
@@ -325,7 +334,8 @@ def main():
               "the runs before it died of a signal here (see above)")
     if pair:
         print("\nembedded pair (tiny-code + tiny-code-draft; float32 in both: speclite on the CPU default, its "
-              "bf16-valued weights held in 16 bits, llama.cpp GGUF f32), 128 tokens\n")
+              "bf16-valued weights held in 16 bits, llama.cpp GGUF f32), 128 tokens"
+              + (f", speculative rows sampled at temperature {args.temperature}" if args.temperature else "") + "\n")
         print("| method | speclite tok/s | llama.cpp tok/s | ratio |")
         print("|---|---|---|---|")
         s, ll = m["pair/speclite/plain"], m["pair/llama/plain"]
