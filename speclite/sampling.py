@@ -98,6 +98,12 @@ class Ahead:
         self.generator, self.state = generator, generator.get_state()
         self.values = uniforms(generator, n)
 
+    @classmethod
+    def iterations(cls, generator: torch.Generator, room: int, k: int) -> "Ahead":
+        """The uniforms of up to 64 speculative iterations of k drafts (2k + 1 each: the drafts', the
+        acceptances', the next token's), `room` of them at most (each brings a token)."""
+        return cls(generator, min(room, 64) * (2 * k + 1))
+
     def settle(self, used: int) -> None:
         self.generator.set_state(self.state)
         if used:

@@ -22,6 +22,10 @@ class Warp(ctypes.Structure):
 
     _fields_ = [("temperature", _F), ("top_k", _I), ("top_p", _F)]
 
+    @classmethod
+    def of(cls, params) -> "Warp":
+        return cls(params.temperature, params.top_k, params.top_p)
+
 
 def takes(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in DTYPES and _library() is not None

@@ -458,7 +458,7 @@ class Transformer(nn.Module):
         """As greedy_chain, each token drawn from the warp (params) of the first `vocab` logits with the
         next uniform of `generator`, as speclite.sampling.pick draws it on the CPU: plain sampled
         decoding's chunks. Where it declines, nothing is drawn."""
-        warp = cpu_sampling.Warp(params.temperature, params.top_k, params.top_p)
+        warp = cpu_sampling.Warp.of(params)
         return self._chain(token, cache, steps, vocab, warp, generator)
 
     def _chain(self, token, cache, steps, vocab, warp, generator) -> list[int] | None:

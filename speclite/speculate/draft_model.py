@@ -119,7 +119,7 @@ class DraftModelProposer(Proposer):
         """greedy_run's C call drawing the drafts, accepting them and drawing the next token as the
         loop's rejection sampling does (uniforms for up to 64 iterations drawn ahead, the generator
         then left past the ones used)."""
-        warp = cpu_sampling.Warp(params.temperature, params.top_k, params.top_p)
+        warp = cpu_sampling.Warp.of(params)
         return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
 
     def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
@@ -128,7 +128,7 @@ class DraftModelProposer(Proposer):
         ours, theirs = self.model.kernel_decoder(self.cache), target.kernel_decoder(cache)
         if ours is None or theirs is None or ours.dtype != theirs.dtype:
             return None
-        ahead = None if warp is None else Ahead(generator, min(room, 64) * (2 * k + 1))
+        ahead = None if warp is None else Ahead.iterations(generator, room, k)
         run, (cache.length, self.cache.length), used = cpu_layer_ops.draft_iterations(
             theirs, ours, cache.length, self.cache.length, self.tokens[self.cache.length :], self.mask_token, token, k,
             self.target_vocab, room, eos, seconds, warp, None if ahead is None else ahead.values)

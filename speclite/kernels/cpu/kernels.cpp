@@ -246,7 +246,7 @@ thread_local std::vector<char> draft_states;
 thread_local Buffers head_buffers;  // a drafting head's, beside the target's
 thread_local std::vector<char> head_states;
 
-// What a call of greedy speculative iterations hands back (cpu_layer_ops._Run), kept by thread 0: the
+// What a call of speculative iterations hands back (cpu_layer_ops._Run), kept by thread 0: the
 // new tokens in order, per iteration the drafts offered and stood and the ns spent drafting and
 // verifying; and whether the call is to stop: an EOS among the new tokens, or its time spent.
 struct Iterations {
@@ -685,20 +685,22 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
     return out.count;
 }
 
-// Greedy speculative iterations of a one-layer drafting head over the target's states (EAGLE-3, MTP)
+// Speculative iterations of a one-layer drafting head over the target's states (EAGLE-3, MTP)
 // and its target in one call and one team, as the decode loop runs them one by one. The head's cache
 // holds c committed entries; T pending pairs come next: states `pending` [T, Hh] (the head's inputs
 // for positions c..) and `pairs` (the token after each). An iteration: the head's chain (the pairs
 // at c.., then k - 1 steps; speclite_head_chain) drafts k tokens; the target reads `token` and the
 // drafts at t_len.., the inputs of its layers aux[0..n_aux) captured (aux = its layer count: the
-// last layer's output); drafts stand while they equal the argmax at the row before; the stood rows'
+// last layer's output); the drafts are picked and judged as `warp` has it (Picks: greedy, or rejection
+// sampling with the uniforms); the stood rows'
 // captured inputs, side by side in aux's order, through `fuse` (EAGLE-3's fc; null: the rows' final
 // normed states, MTP's) are the next pending states, paired with the new tokens (c advances past
 // the pairs, t_len past the new tokens); normed_state as in speclite_head_chain. k shrinks as
 // the loop's proposer shrinks it (room for the head's chain, `room` new tokens, one of them the
-// target's); the call stops where that leaves no draft, after an EOS, or once budget_ns have
-// passed. Out as speclite_parallel_greedy's; lengths = (t_len, c, T) after the last iteration and
-// pending_out [k + 1, Hh] its first T rows the pending states. Returns the number of iterations.
+// target's); the call stops where that leaves no draft, after an EOS, once budget_ns have passed,
+// or where too few of the n_uniforms are left. Out as speclite_draft_iterations's; lengths = (t_len,
+// c, T, uniforms used) after the last iteration and pending_out [k + 1, Hh] its first T rows the
+// pending states. Returns the number of iterations.
 int speclite_head_iterations(const Decoder *target, const Layer *layer, const Head *head, const int64_t *vocab_map,
                          const Matrices *fuse, const int *aux, int n_aux, void *head_k, void *head_v, const void *head_cos,
                          const void *head_sin, int head_max_len, float head_scale, int normed_state, int dt,
@@ -762,21 +764,21 @@ int speclite_head_iterations(const Decoder *target, const Layer *layer, const He
     return out.count;
 }
 
-// Greedy speculative iterations of a DFlash drafter (a block drafter over the target's states) and its
+// Speculative iterations of a DFlash drafter (a block drafter over the target's states) and its
 // target in one call and one team, as the decode loop runs them one by one. The drafter's cache holds
 // c context entries; T pending context rows come next (`pending` [T, H]: fc + hidden_norm of the
 // target's states at positions c.., already fused). An iteration: each drafter layer projects the
 // pending rows to keys and values (kv[i]: that layer's k and v projections) and writes them at c..
 // (k norm, RoPE; no query); the block [token, mask, ..., mask] of kk + 1 rows (the target's embedding)
 // at the next positions, seeing every entry and all of itself, through the layers, the drafter's
-// norm and the target's lm_head (draft->head) gives the kk drafts (its rows 1..kk, argmaxes); the
+// norm and the target's lm_head (draft->head) gives the kk drafts (its rows 1..kk, picked as Picks does); the
 // target reads `token` and the drafts at t_len.., the inputs of its layers aux[0..n_aux) captured (aux
-// = its layer count: the last layer's output); drafts stand as in speclite_draft_iterations; the stood
+// = its layer count: the last layer's output); drafts are judged as in speclite_draft_iterations; the stood
 // rows' captures, side by side in aux's order, through `fuse` (fc) and the fuse_norm RMSNorm
 // (hidden_norm, fuse_eps) are the next pending rows. The block's own entries are left past the
 // context. k shrinks to fit both caches and `room` new tokens; the call stops as
-// speclite_draft_iterations's. Out as speclite_draft_iterations's; lengths = (t_len, c, T) after the last
-// iteration and pending_out [max(T, k + 1), H] its first T rows the pending rows.
+// speclite_draft_iterations's. Out as speclite_draft_iterations's; lengths = (t_len, c, T, uniforms
+// used) after the last iteration and pending_out [max(T, k + 1), H] its first T rows the pending rows.
 int speclite_dflash_iterations(const Decoder *target, const Decoder *draft, const Matrices *const *kv, const Matrices *fuse,
                            const void *fuse_norm, float fuse_eps, const int *aux, int n_aux, int mask, int dt, int t_len,
                            int c, int T, const void *pending, int token, int k, int room, const Warp *warp,

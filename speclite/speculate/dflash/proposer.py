@@ -91,7 +91,7 @@ class DFlashProposer(Proposer):
     def sampled_run(self, target, cache, token, k, room, eos, seconds, params, generator) -> list[Iteration] | None:
         """greedy_run's C call drawing the block's drafts from their warps and judging them as the loop's
         rejection sampling does (as DraftModelProposer.sampled_run)."""
-        warp = cpu_sampling.Warp(params.temperature, params.top_k, params.top_p)
+        warp = cpu_sampling.Warp.of(params)
         return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
 
     def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
@@ -103,7 +103,7 @@ class DFlashProposer(Proposer):
         if self.pending.shape[0] != len(self.tokens) - 1 - self.cache.length:
             return []
         k = min(k, self.draft.block_size - 1)
-        ahead = None if warp is None else Ahead(generator, min(room, 64) * (2 * k + 1))
+        ahead = None if warp is None else Ahead.iterations(generator, room, k)
         run, (cache.length, self.cache.length), self.pending, used = cpu_layer_ops.dflash_iterations(
             theirs, decoder, kv, fuse, norm.weight, norm.eps, [i + 1 for i in self.draft.target_layers],
             self.draft.mask_token, cache.length, self.cache.length, self.pending, token, k, room, eos, seconds, warp,

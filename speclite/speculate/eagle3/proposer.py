@@ -110,7 +110,7 @@ class Eagle3Proposer(Proposer):
         head = self.head
         if head.output_head().out_features != self.target_vocab and not isinstance(head, Eagle3Head):
             return None  # a module's logits over another vocabulary than the target's: no q to compare
-        warp = cpu_sampling.Warp(params.temperature, params.top_k, params.top_p)
+        warp = cpu_sampling.Warp.of(params)
         return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
 
     def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
@@ -125,7 +125,7 @@ class Eagle3Proposer(Proposer):
             return []
         k = min(k, self.steps or k)
         cos, sin = rope_rows(head, slice(0, self.cache.max_len), self.cache.max_len, self.pending.dtype, self.pending.device)
-        ahead = None if warp is None else Ahead(generator, min(room, 64) * (2 * k + 1))
+        ahead = None if warp is None else Ahead.iterations(generator, room, k)
         run, (cache.length, self.committed), self.pending, used = cpu_layer_ops.head_iterations(
             theirs, layers, head.target_ids, *states, head.normed_state, self.cache.layers[0], cos, sin, cache.length, c,
             self.tokens[c + 1 :], self.pending, token, k, room, eos, seconds, warp,
