@@ -106,10 +106,8 @@ class Eagle3Proposer(Proposer):
 
     def sampled_run(self, target, cache, token, k, room, eos, seconds, params, generator) -> list[Iteration] | None:
         """greedy_run's C call drawing the chain from the head's warps over the target's vocabulary and
-        judging it as the loop's rejection sampling does (as DraftModelProposer.sampled_run)."""
-        head = self.head
-        if head.output_head().out_features != self.target_vocab and not isinstance(head, Eagle3Head):
-            return None  # a module's logits over another vocabulary than the target's: no q to compare
+        judging it as the loop's rejection sampling does (as DraftModelProposer.sampled_run). (An MTP
+        module predicts over the target's vocabulary, checked at load.)"""
         warp = cpu_sampling.Warp.of(params)
         return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
 
