@@ -61,6 +61,16 @@ def test_static_steps_are_exact(pair, plain_outputs):
         assert plain.generate(prompt, GREEDY)[0].token_ids == plain_outputs[prompt]
 
 
+def test_static_steps_sample_what_the_chunks_sample(pair):
+    """Sampled decoding with fixed-shape steps (one by one) draws the tokens the kernels' chunks draw
+    with the same seed, plain and speculative."""
+    params = SamplingParams(max_new_tokens=24, temperature=0.9, top_k=50, seed=3)
+    for spec in (None, {"method": "vanilla", "model": str(pair[1]), "num_speculative_tokens": 3}):
+        static, chunked = LLM(pair[0], spec, static=True), LLM(pair[0], spec)
+        for prompt in PROMPTS[:2]:
+            assert static.generate(prompt, params)[0].token_ids == chunked.generate(prompt, params)[0].token_ids
+
+
 @pytest.mark.parametrize("scheme", ["int4", "w8a8", "fp8-block", "nf4"])
 def test_quantized_draft_is_exact(pair, plain_outputs, scheme):
     """A draft quantized at load time changes acceptance, never the output."""

@@ -41,6 +41,11 @@ class StaticDecoder:
         steps one by one, each a graph replay on CUDA."""
         return None
 
+    def sampled_chain(self, token: int, cache: KVCache, steps: int, vocab: int, params, generator) -> None:
+        """Declines (see Transformer.sampled_chain), drawing nothing: plain sampled decoding then runs
+        its fixed-shape steps one by one."""
+        return None
+
     def kernel_decoder(self, cache: KVCache) -> None:
         """Declines (see Transformer.kernel_decoder): the fixed-shape steps run one by one."""
         return None
