@@ -113,8 +113,7 @@ struct Pick {
     int operator()(const void *logits, int dt, int vocab, float u) {
         if (!warp) return argmax(logits, dt, vocab);
         probs.resize(vocab);
-        warp_row(logits, dt, vocab, *warp, probs.data(), s);
-        return draw(probs.data(), vocab, u);
+        return sample_row(logits, dt, vocab, *warp, probs.data(), s, u);
     }
 };
 
@@ -287,18 +286,28 @@ struct Iterations {
 // with -inf), and rejection (sampling.h) judges them against the target's warped rows: the loop's
 // rejection sampling of a chain, the uniforms taken in its order (an iteration's kk drafts', its kk
 // acceptances', the next token's).
+// Picks' rows, the calling thread's (its team shares them), kept between calls: a large vocabulary's
+// k + 1 rows are megabytes.
+struct PickBuffers {
+    std::vector<float> q, p, residual;  // the drafts' and the target's warped rows
+    std::vector<std::vector<float>> rows;  // per thread: a draft's logits over the target's vocabulary
+    std::vector<WarpScratch> scratch;  // per thread
+};
+thread_local PickBuffers pick_buffers;
+
 struct Picks {
     const Warp *warp;
     const float *uniforms;
     int n_uniforms, V;
     int used = 0;  // uniforms taken by the iterations judged
-    std::vector<float> q, p, residual;  // the drafts' and the target's warped rows
-    std::vector<std::vector<float>> rows;  // per thread: a draft's logits over the target's vocabulary
-    std::vector<WarpScratch> scratch;
+    PickBuffers &b = pick_buffers;
 
     Picks(const Warp *w, const float *u, int n_u, int V_, int k, int threads)
-        : warp(w), uniforms(u), n_uniforms(n_u), V(V_), q(w ? (size_t)V_ * k : 0), p(w ? (size_t)V_ * (k + 1) : 0),
-          rows(w ? threads : 0), scratch(w ? threads : 0) {}
+        : warp(w), uniforms(u), n_uniforms(n_u), V(V_) {
+        if (!w) return;
+        b.q.resize((size_t)V * k), b.p.resize((size_t)V * (k + 1));
+        b.rows.resize(std::max<size_t>(b.rows.size(), threads)), b.scratch.resize(std::max<size_t>(b.scratch.size(), threads));
+    }
 
     // Whether the uniforms left suffice for an iteration of kk drafts.
     bool enough(int kk) const { return !warp || n_uniforms - used >= 2 * kk + 1; }
@@ -313,14 +322,12 @@ struct Picks {
         const void *row = logits;
         int rdt = dt;
         if (vocab_map || width < V) {
-            std::vector<float> &full = rows[slot];
+            std::vector<float> &full = b.rows[slot];
             full.assign(V, -INFINITY);
             for (int j = 0; j < std::min(width, V); j++) full[vocab_map ? vocab_map[j] : j] = to_float(logits, dt, j);
             row = full.data(), rdt = F32;
         }
-        float *qi = q.data() + (int64_t)V * i;
-        warp_row(row, rdt, V, *warp, qi, scratch[slot]);
-        return draw(qi, V, uniforms[used + i]);
+        return sample_row(row, rdt, V, *warp, b.q.data() + (int64_t)V * i, b.scratch[slot], uniforms[used + i]);
     }
 
     // Every thread, after the target's pass over [token, drafts] (logits [kk + 1, V], dtype dt): thread
@@ -330,7 +337,7 @@ struct Picks {
         if (warp) {
             const auto [r0, r1] = team::share(kk + 1);
             for (int r = r0; r < r1; r++)
-                warp_row(at(logits, dt, (int64_t)V * r), dt, V, *warp, p.data() + (int64_t)V * r, scratch[team::id()]);
+                warp_row(at(logits, dt, (int64_t)V * r), dt, V, *warp, b.p.data() + (int64_t)V * r, b.scratch[team::id()]);
             barrier.wait(team::size());
         }
         if (team::id() != 0) return;
@@ -338,7 +345,7 @@ struct Picks {
             n = Iterations::stood(logits, dt, V, drafts, kk, best);
             return;
         }
-        n = rejection(p.data(), q.data(), V, drafts, kk, uniforms + used + kk, uniforms[used + 2 * kk], residual, best);
+        n = rejection(b.p.data(), b.q.data(), V, drafts, kk, uniforms + used + kk, uniforms[used + 2 * kk], b.residual, best);
         used += 2 * kk + 1;
     }
 };

@@ -130,6 +130,12 @@ inline int draw(const float *weights, int V, float u) {
     return V - 1;
 }
 
+// The draw with u from the warp of logits [V] (dtype dt), the warp left in probs [V].
+inline int sample_row(const void *logits, int dt, int V, const Warp &w, float *probs, WarpScratch &s, float u) {
+    warp_row(logits, dt, V, w, probs, s);
+    return draw(probs, V, u);
+}
+
 // Rejection sampling of a chain of kk drafts x[i] drawn from q rows (stride V) against the target's
 // warped rows p [kk + 1, V], as speclite.kernels.verify.verify_rejection_torch decides it: draft i
 // stands while accept[i] * q_i(x_i) < p_i(x_i); at the first that does not, the token is drawn with
