@@ -213,12 +213,11 @@ def chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int, warp
     warp. The tokens k single decoder_layers steps and the loop's picks would give."""
     tokens = (ctypes.c_int * steps)()
     rope = start * decoder.rope_row
-    uniforms = None if warp is None else uniforms.to(torch.float32).contiguous()
+    warp_at, uniforms_at, _ = _sampling(warp, uniforms)  # (the chain takes one uniform a step)
     _library().speclite_chain(
         decoder.layers, decoder.n, decoder.head, decoder.embed, decoder.edt, token, decoder.caches_k, decoder.caches_v,
         DTYPES[decoder.dtype], decoder.cos + rope, decoder.sin + rope, decoder.max_len, start, decoder.scale, vocab,
-        None if warp is None else ctypes.byref(warp), None if uniforms is None else uniforms.data_ptr(), steps, tokens,
-        torch.get_num_threads())
+        warp_at, uniforms_at, steps, tokens, torch.get_num_threads())
     return list(tokens)
 
 
@@ -307,10 +306,11 @@ def dflash_iterations(target: Decoder, draft: Decoder, kv: list[Matrices], fuse:
 
 
 def _sampling(warp, uniforms: torch.Tensor | None) -> tuple:
-    """(the Warp's pointer, the uniforms' pointer, their count) for a sampling call; nulls when greedy."""
+    """(the Warp's pointer, the uniforms' pointer, their count) for a sampling call; nulls when greedy.
+    The uniforms are the caller's float32 tensor itself (a converted copy would be freed before the call)."""
     if warp is None:
         return None, None, 0
-    uniforms = uniforms.to(torch.float32).contiguous()
+    assert uniforms.dtype == torch.float32 and uniforms.is_contiguous() and uniforms.device.type == "cpu"
     return ctypes.byref(warp), uniforms.data_ptr(), uniforms.numel()
 
 

@@ -279,13 +279,6 @@ struct Iterations {
     }
 };
 
-// How a loop's speculative iterations pick their drafts and judge them. Greedy (warp null): a draft is
-// its row's argmax, and drafts stand while they equal the target's argmax at the row before, whose
-// token after them comes next. Sampled: a draft is drawn from its row's warp over the target's V
-// tokens (a head's vocabulary through its map, others -inf; a draft model's logits cut to V or padded
-// with -inf), and rejection (sampling.h) judges them against the target's warped rows: the loop's
-// rejection sampling of a chain, the uniforms taken in its order (an iteration's kk drafts', its kk
-// acceptances', the next token's).
 // Picks' rows, the calling thread's (its team shares them), kept between calls: a large vocabulary's
 // k + 1 rows are megabytes.
 struct PickBuffers {
@@ -295,6 +288,13 @@ struct PickBuffers {
 };
 thread_local PickBuffers pick_buffers;
 
+// How a loop's speculative iterations pick their drafts and judge them. Greedy (warp null): a draft is
+// its row's argmax, and drafts stand while they equal the target's argmax at the row before, whose
+// token after them comes next. Sampled: a draft is drawn from its row's warp over the target's V
+// tokens (a head's vocabulary through its map, others -inf; a draft model's logits cut to V or padded
+// with -inf), and rejection (sampling.h) judges them against the target's warped rows: the loop's
+// rejection sampling of a chain, the uniforms taken in its order (an iteration's kk drafts', its kk
+// acceptances', the next token's).
 struct Picks {
     const Warp *warp;
     const float *uniforms;
