@@ -114,7 +114,9 @@ def _saved(path, family, tokenizer, **kw):
 
 
 def save_noisy_copy(src, dst, noise: float, seed: int, vocab_pad: int = 0):
-    """A draft that agrees with the target often but not always: its weights plus noise."""
+    """A draft that agrees with the target often but not always: its weights plus noise, rounded to
+    bf16 values as most checkpoints' (stored in float32: loaded as float32, narrowed to bf16 on the
+    CPU, so a drafter's products take the AMX bf16 tiles where the CPU has them)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
@@ -122,6 +124,7 @@ def save_noisy_copy(src, dst, noise: float, seed: int, vocab_pad: int = 0):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(noise * p.std() * torch.randn_like(p))
+            p.copy_(p.bfloat16())
     if vocab_pad:
         model.resize_token_embeddings(model.config.vocab_size + vocab_pad)
     model.save_pretrained(dst)

@@ -82,6 +82,7 @@ AVX512_FLAGS = "avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni"
     ("AuthenticAMD", AVX512_FLAGS, ["avx512", "avx2"], ("-DSPECLITE_AMD",)),
     ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8 amx_bf16", ["amx", "avx512", "avx2"], ()),
     ("GenuineIntel", AVX512_FLAGS + " amx_tile", ["avx512", "avx2"], ()),  # tiles without int8
+    ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8", ["avx512", "avx2"], ()),  # without bf16
     ("GenuineIntel", "avx2 fma f16c avx512f avx512bw avx512vl", ["avx2"], ()),  # AVX-512 without VNNI
     ("GenuineIntel", "avx fma f16c", [], ()),
 ])
@@ -172,6 +173,44 @@ def test_bf16_weights_and_activations_equal_float64_math_before_rounding(isa, m,
     reference, magnitude = x.double() @ w.double().t(), x.double().abs() @ w.double().abs().t()
     # One bf16 rounding of the result, plus fp32 accumulation (far below 2^-12 of the terms' sum).
     assert ((y.double() - reference).abs() <= reference.abs() * 2 ** -8 + magnitude * 2 ** -12).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k", [(1, 37, 96), (3, 200, 128), (9, 300, 896), (17, 64, 256), (40, 4864, 64),
+                                   (5, 64, 200), (2, 9, 65)])
+def test_a_drafters_products_are_bf16_tiles_on_amx_and_exact_elsewhere(isa, dtype, m, n, k):
+    """Loose matrices (a drafter's) on the amx path: products of the activations rounded to bf16
+    (fp32 sums) where K is a multiple of 32 and a row is short or the matrix cached; everywhere
+    else the exact products, bit for bit."""
+    torch.manual_seed(m * n + k)
+    x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(torch.bfloat16)
+    exact = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([w]))
+    loose = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([w], loose=True))
+    tiles = isa == "amx" and k % 32 == 0 and (m >= 4 or n * k * 2 <= 2 << 20)
+    if not tiles:
+        assert torch.equal(loose, exact)
+        return
+    rounded = x.to(torch.bfloat16).double() @ w.double().t()
+    if dtype == torch.bfloat16:  # one rounding of the result
+        assert close(loose, rounded, 2 ** -8)
+    else:  # the activations' rounding shows, and nothing else
+        assert close(loose, rounded) and not close(loose, x.double() @ w.double().t())
+
+
+def test_drafting_marks_a_proposers_own_modules_not_the_targets():
+    shared, own, target_only = Linear(8, 8), Linear(8, 8), Linear(8, 8)
+    target, drafter = torch.nn.Sequential(target_only, shared), torch.nn.Sequential(own, shared)
+    cpu_gemm.drafting([drafter], target)
+    assert getattr(own, "speclite_drafts", False)
+    assert not hasattr(shared, "speclite_drafts") and not hasattr(target_only, "speclite_drafts")
+    if cpu_gemm.available():
+        x = torch.randn(3, 8)
+        own.to(torch.bfloat16), shared.to(torch.bfloat16)
+        with torch.no_grad():
+            assert cpu_gemm.module_matrices(x, [own]).loose
+            assert not cpu_gemm.module_matrices(x, [shared]).loose
+            assert not cpu_gemm.module_matrices(x, [own, shared]).loose  # one exact part: the call is exact
 
 
 def _calls(x, n, k):

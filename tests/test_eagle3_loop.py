@@ -9,7 +9,9 @@ import torch
 from conftest import SAMPLED_WARPS, cli_generate, decode_all, runs_match, save_model
 from eagle3_heads import save_head
 from speclite.engine.loop import Request, Speculation, decode
+from speclite.kernels import cpu_gemm
 from speclite.model import load_model
+from speclite.model.narrow import narrow
 from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
 from speclite.speculate.eagle3 import Eagle3Proposer, load_draft
@@ -43,8 +45,16 @@ def heads(tmp_path_factory, target):
 
 
 def proposer(target, head_dir, quant=None, **tree):
-    return Eagle3Proposer(load_draft(head_dir, target, quant), target.model.embed_tokens, 64,
-                          target.args.vocab_size, **tree)
+    """The head as a drafter (its weights' bf16 values in bf16, loose products: AMX bf16 tiles where
+    the CPU has them), as the CLI runs one."""
+    head = load_draft(head_dir, target, quant)
+    if quant is None:
+        with torch.no_grad():
+            for p in head.parameters():
+                p.copy_(p.bfloat16())
+        narrow(head)
+    cpu_gemm.drafting([head], target)
+    return Eagle3Proposer(head, target.model.embed_tokens, 64, target.args.vocab_size, **tree)
 
 
 @pytest.mark.parametrize("layout", ["specforge", "speculators"])

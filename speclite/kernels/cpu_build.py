@@ -6,8 +6,8 @@ a few seconds). Where there is no compiler, the CPU lacks AVX2 + FMA + F16C, or
 SPECLITE_CPU_KERNELS=0, a library is None and callers keep torch's ops.
 
 One ISA path serves the whole process, picked at run time from the CPU's flags (`isa()`): `amx`
-where the CPU also has AMX tiles with int8 (Sapphire Rapids and later: the integer products of many
-rows in tile multiplies, the rest as avx512; where the kernel refuses the process AMX's state, the
+where the CPU also has AMX tiles with int8 and bf16 (Sapphire Rapids and later: the integer products
+of many rows, and a drafter's bf16 products, in tile multiplies, the rest as avx512; where the kernel refuses the process AMX's state, the
 avx512 code of the same build runs), `avx512` where it has AVX-512 F/BW/VL with VNNI (Intel since
 Cascade Lake, AMD Zen 4 and later: integer dot products in one vpdpbusd), else `avx2`. The sources are
 the same; the build's flags decide which code each kernel compiles to. SPECLITE_CPU_ISA=avx512 or
@@ -31,7 +31,7 @@ SOURCES = Path(__file__).parent / "cpu"
 _AVX512 = ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
            ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"))
 ISAS = {
-    "amx": (_AVX512[0] | {"amx_tile", "amx_int8"}, _AVX512[1] + ("-mamx-tile", "-mamx-int8")),
+    "amx": (_AVX512[0] | {"amx_tile", "amx_int8", "amx_bf16"}, _AVX512[1] + ("-mamx-tile", "-mamx-int8", "-mamx-bf16")),
     "avx512": _AVX512,
     "avx2": ({"avx2", "fma", "f16c"}, ("-mavx2", "-mfma", "-mf16c")),
 }

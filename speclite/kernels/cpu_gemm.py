@@ -4,7 +4,8 @@ One C call per matmul, any number of rows (decode, k+1 verification and prefill 
 kernel), threads from torch.get_num_threads(). Weights are repacked once at load (pack_int4,
 pack_int8, pack_dense; one layout for every ISA path); activations arrive in fp32, bf16 or f16 and the output
 has their dtype. A row's result does not depend on the other rows of the call (see the source),
-which keeps speculative decoding bit-identical to plain decoding. Built by cpu_build for the
+which keeps speculative decoding bit-identical to plain decoding; only a drafter's products
+(drafting(): proposals, checked by the target) may take faster tiles that do not keep it. Built by cpu_build for the
 process's ISA path (AVX2, or AVX-512 with VNNI). `available()` is False without such a
 CPU or a compiler, or with SPECLITE_CPU_KERNELS=0: callers keep torch's ops.
 """
@@ -123,14 +124,14 @@ class Matrices(ctypes.Structure):
     fp32 bias (joined_bias) or none."""
 
     _fields_ = [("kind", _I), ("parts", _I), ("w", _PP), ("scales", _PP), ("zeros", _PP), ("ns", _IP),
-                ("n", _I), ("k", _I), ("wdt", _I), ("group", _I), ("bias", ctypes.POINTER(ctypes.c_float))]
+                ("n", _I), ("k", _I), ("wdt", _I), ("group", _I), ("bias", ctypes.POINTER(ctypes.c_float)), ("loose", _I)]
 
     def __init__(self, kind: int, tensors: list[tuple], ns: list[int], k: int, bias: torch.Tensor | None,
-                 wdt: int = 0, group: int = 0):
+                 wdt: int = 0, group: int = 0, loose: bool = False):
         parts = len(ns)
         arrays = [(_P * parts)(*(t[i].data_ptr() if i < len(t) else None for t in tensors)) for i in range(3)]
         super().__init__(kind, parts, *arrays, (_I * parts)(*ns), sum(ns), k, wdt, group,
-                         None if bias is None else ctypes.cast(bias.data_ptr(), ctypes.POINTER(ctypes.c_float)))
+                         None if bias is None else ctypes.cast(bias.data_ptr(), ctypes.POINTER(ctypes.c_float)), loose)
         self.keep = (tensors, arrays, bias)  # what the pointers point at lives as long as this
 
 
@@ -145,14 +146,14 @@ def int8_matrices(weights: list[torch.Tensor], scales: list[torch.Tensor], k: in
     return Matrices(INT8, list(zip(weights, scales)), [s.shape[0] for s in scales], k, bias)
 
 
-def dense_matrices(weights: list[torch.Tensor], bias: torch.Tensor | None = None) -> Matrices | None:
+def dense_matrices(weights: list[torch.Tensor], bias: torch.Tensor | None = None, loose: bool = False) -> Matrices | None:
     """Dense weights [N_i, K] of one dtype (fp32, bf16, f16), repacked (pack_dense), fp32
     accumulation; None for others."""
     w = weights[0]
     if w.dtype not in DTYPES or not all(v.dtype == w.dtype for v in weights):
         return None
     return Matrices(DENSE, [(pack_dense(v),) for v in weights], [v.shape[0] for v in weights], w.shape[1], bias,
-                    wdt=DTYPES[w.dtype])
+                    wdt=DTYPES[w.dtype], loose=loose)
 
 
 def matmul(x: torch.Tensor, mats: Matrices) -> torch.Tensor:
@@ -179,7 +180,26 @@ def module_matrices(x: torch.Tensor, linears: list) -> Matrices | None:
     if (build is None or x.dim() != 2 or not takes(x) or not all(type(m) is type(linears[0]) for m in linears)
             or needs_grad(x, linears)):
         return None
-    return cached(linears[0], linears, lambda: build(linears))
+    return cached(linears[0], linears, lambda: loosened(build(linears), linears))
+
+
+def loosened(mats: Matrices | None, linears: list) -> Matrices | None:
+    """mats marked loose where every one of the linears is a drafter's (drafting())."""
+    if mats is not None:
+        mats.loose = all(getattr(m, "speclite_drafts", False) for m in linears)
+    return mats
+
+
+def drafting(models, target) -> None:
+    """Mark the modules of a proposer's models, except those it shares with the target, as a
+    drafter's: their bf16 products may take the AMX bf16 tiles, whose rows do not equal
+    their numbers alone (gemm.h, Matrices::loose). Drafts only propose; the target's products, which
+    decide every token, stay exact. Read when a module's matrices are built (its first product)."""
+    exact = {id(m) for m in target.modules()}
+    for model in models:
+        for m in model.modules():
+            if id(m) not in exact:
+                m.speclite_drafts = True
 
 
 def cached(owner, modules: list, build, deep: bool = False):

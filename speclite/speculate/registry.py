@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speclite.errors import SpecliteError
+from speclite.kernels import cpu_gemm
 
 NONE = "none"  # plain decoding: no proposer, no registry entry
 
@@ -207,5 +208,8 @@ def method_options(method: str, given: dict, k: int | str | None = None) -> dict
 
 
 def build_proposer(method: str, ctx: BuildContext):
-    """The proposer of a registered method (options already validated by method_options)."""
-    return get_method(method).build(ctx)
+    """The proposer of a registered method (options already validated by method_options); its own
+    models draft with loose products (cpu_gemm.drafting)."""
+    proposer = get_method(method).build(ctx)
+    cpu_gemm.drafting(proposer.resident()[0], ctx.target)
+    return proposer

@@ -3,6 +3,7 @@
 // dot products in one instruction each (marked AVX-512 below; the layouts are the same). Where it
 // also has AMX (cpu_build's amx path), the int4 and int8 products of many rows take the tiles: the
 // weights rearranged per call, the integer sums exact, so every row's numbers are the VNNI tiles'.
+// A drafter's bf16 products (Matrices::loose) take the bf16 tiles there, exact or not (see there).
 //
 // y [M, N] = x [M, K] @ w [N, K]^T for three weight formats:
 //   int4  repacked at load for eight columns at a time (layout at Int4 below), an fp16 scale and a
@@ -15,7 +16,7 @@
 //         repacked at load into panels of 16 columns (layout at Dense below), fp32 FMAs.
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
 //
-// Exactness: the arithmetic of output (m, n) is the same sequence of operations whatever M is and
+// Exactness (all but a drafter's loose products): the arithmetic of output (m, n) is the same sequence of operations whatever M is and
 // whichever tile holds it (tiles only share loads; every (m, n) has its own accumulators and the
 // same reduction), and the build uses -ffp-contract=off so the compiler cannot fuse differently in
 // different tiles. So a row computed alone equals that row in a batch, bit for bit: speculative
@@ -814,6 +815,78 @@ inline void run_panels(const Dense &k, int M, int p0, int p1) {
 #endif
 }
 
+#if defined(__AMX_BF16__)
+// ---- bf16 tiles for drafters (Matrices::loose) ---------------------------------------------------
+//
+// A drafter's products need not give a row the numbers it gets alone (its tokens are proposals; the
+// target's pass decides what is decoded, and its products stay exact). So where a drafter's matrix
+// is bf16 and K a multiple of 32, its products take the AMX bf16 tiles: the activations rounded to
+// bf16 once per call (nearest even), a panel's pairs (K / 2 x 16 x 2, the tiles' own order) 32 values
+// of K at a time, fp32 sums. The fp32 FMAs are compute-bound from a few rows on: the embedded pair's
+// draft head (4096 x 128) 40 -> 13 us at 10 rows, 16 -> 10 us at one (2 threads, AMX Xeon). A matrix
+// larger than AMX_BF16_CACHED streams from memory, where the FMAs' prefetched one-row products were
+// 5-7% faster below AMX_BF16_ROWS rows (4864 x 896; benchmarks/RESULTS.md, 2026-11-26 09:50- UTC).
+constexpr int AMX_BF16_ROWS = 4;
+constexpr int64_t AMX_BF16_CACHED = 2 << 20;
+
+// Rows [0, M) of x rounded to bf16 (nearest even, as torch's float -> bf16) into the calling thread's
+// buffer, 16-row tiles whole: each thread of a team rounds them all (a few rows cost less than
+// waiting for each other at a barrier).
+inline const uint16_t *bf16_rows(const void *x, int dt, int M, int K) {
+    static thread_local std::vector<uint16_t> rows;
+    const size_t n = (size_t)M * K;
+    if (rows.size() < ((size_t)M + 15) / 16 * 16 * K) rows.resize(((size_t)M + 15) / 16 * 16 * K);
+    if (dt == BF16) return (const uint16_t *)memcpy(rows.data(), x, n * 2);
+    size_t j = 0;
+    if (dt == F32)
+        for (; j + 16 <= n; j += 16) PanelVec::store(rows.data() + j, BF16, _mm512_loadu_ps((const float *)x + j));
+    for (; j < n; j++) store(rows.data(), BF16, j, to_float(x, dt, j));
+    return rows.data();
+}
+
+// y[:, panels p0..p1) of one matrix for rows [0, M) of xb (bf16_rows): 16 rows at
+// a time in tmm0 (fewer rows, fewer rows multiplied), two panels in tmm2-3, their sums in tmm4-5.
+inline void amx_bf16(const uint16_t *xb, int M, int K, const void *w, void *y, int dt, int N, int ldy, int y0, int p0, int p1) {
+    struct alignas(64) {
+        uint8_t palette = 1, start_row = 0, reserved[14] = {};
+        uint16_t colsb[16] = {};
+        uint8_t rows[16] = {};
+    } config;
+    for (int t : {0, 2, 3, 4, 5}) config.colsb[t] = 64, config.rows[t] = t == 2 || t == 3 ? 16 : std::min(M, 16);
+    _tile_loadconfig(&config);
+    const int64_t panel = (int64_t)K * 32;  // bytes: K / 2 pairs x 16 columns x 2 values x 2 bytes
+    alignas(64) float sums[2][256];
+    for (int p = p0; p < p1; p += 2) {
+        const bool two = p + 1 < p1;
+        const char *w0 = (const char *)w + p * panel, *w1 = w0 + panel;
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            _tile_zero(4);
+            _tile_zero(5);
+            for (int c = 0; c < K / 32; c++) {
+                _tile_loadd(0, xb + (int64_t)m0 * K + c * 32, K * 2);
+                _tile_loadd(2, w0 + c * 1024, 64);
+                _tile_dpbf16ps(4, 0, 2);
+                if (two) {
+                    _tile_loadd(3, w1 + c * 1024, 64);
+                    _tile_dpbf16ps(5, 0, 3);
+                }
+            }
+            _tile_stored(4, sums[0], 64);
+            _tile_stored(5, sums[1], 64);
+            for (int j = 0; j < 1 + two; j++) {
+                const int n0 = (p + j) * 16, valid = std::min(16, N - n0);
+                for (int i = 0; i < 16 && m0 + i < M; i++) {
+                    char *row = at(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0);
+                    if (valid == 16) PanelVec::store(row, dt, _mm512_load_ps(sums[j] + i * 16));
+                    else for (int c = 0; c < valid; c++) store(row, dt, c, sums[j][i * 16 + c]);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
 // ---- one product for a thread team --------------------------------------------------------------
 
 enum Kind { DENSE = 0, INT4 = 1, INT8 = 2 };
@@ -828,6 +901,7 @@ struct Matrices {
     const int *ns;              // per part: output columns
     int n, k, wdt, group;       // n: sum of ns; wdt: dense weights' dtype; group: int4's
     const float *bias;          // [n] (zeros for a part without), or null
+    int loose;                  // a drafter's: rows may differ from their numbers alone (AMX bf16 tiles)
 };
 
 // y[m, c] = round(y[m, c] + bias[c]) for columns [c0, c1): as torch adds a bias of y's dtype to the
@@ -902,6 +976,16 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         // fp32 activations are read in place; others are widened once (exact), and the team waits for
         // it. bf16 ones meeting bf16 weights in vdpbf16ps instead (a pair of products a lane) ran 5-128 row
         // products 1.3-1.7x slower than this on the AMX Xeon (benchmarks/RESULTS.md, 2026-11-26).
+#if defined(__AMX_BF16__)
+        if (mt.loose && mt.wdt == BF16 && K % 32 == 0 && (M >= AMX_BF16_ROWS || (int64_t)mt.n * K * 2 <= AMX_BF16_CACHED) && amx_ready()) {
+            const uint16_t *xb = bf16_rows(x, dt, M, K);
+            in_groups<16>(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
+                amx_bf16(xb, M, K, mt.w[p], y, dt, mt.ns[p], mt.n, y0, a, b);
+            });
+            sc.barrier.wait(T);
+            return;
+        }
+#endif
         const float *xf = (const float *)x;
         if (dt != F32) {
             for (int m = m0; m < m1; m++) widen(x, dt, (int64_t)m * K, K, sc.a.data() + (int64_t)m * K);
