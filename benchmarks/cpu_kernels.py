@@ -4,11 +4,13 @@ format, one row and many rows; and its attention over a KV cache.
     python benchmarks/cpu_kernels.py --threads 2 --rows 1,128
     python benchmarks/cpu_kernels.py --threads 2 --attention --rows 1,5 --context 512,2048
 
-For each Qwen2.5-0.5B matmul shape (gate/up, down, a quarter of the head) and each row count:
-int4 (group 128) against aten._weight_int4pack_mm_for_cpu, int8 against aten._weight_int8pack_mm,
-bf16 against F.linear, all with bf16 activations; speclite once per ISA path the CPU runs (AVX-512
-and AVX2 on an AVX-512 machine). Calls alternate; medians of --repeats. The int8 rows compare W8A8
-(ours quantizes activations) with torch's weight-only op: the nearest op torch has.
+For each Qwen2.5-0.5B matmul shape (gate/up, down, a quarter of the head; `--shapes pair`: the
+embedded pair's drafters' head, gate/up and EAGLE-3 head) and each row count: int4 (group 128)
+against aten._weight_int4pack_mm_for_cpu, int8 against aten._weight_int8pack_mm, bf16 against
+F.linear, and bf16 as a drafter's (loose: AMX bf16 tiles on the amx path), all with bf16
+activations; speclite once per ISA path the CPU runs (AVX-512 and AVX2 on an AVX-512 machine).
+Calls alternate; medians of --repeats. The int8 rows compare W8A8 (ours quantizes activations) with
+torch's weight-only op: the nearest op torch has.
 
 --attention: speclite's attention (RoPE, the cache write, softmax attention over the cache) for rows
 new tokens after `context` cached ones, against torch's scaled_dot_product_attention on the same
@@ -27,7 +29,8 @@ import torch
 
 from speclite.kernels import cpu_build, cpu_gemm, cpu_layer_ops
 
-SHAPES = [(4864, 896), (896, 4864), (151936 // 4, 896)]
+SHAPES = {"qwen2.5-0.5b": [(4864, 896), (896, 4864), (151936 // 4, 896)],
+          "pair": [(4096, 128), (768, 128), (2048, 256)]}
 HEADS = {"Qwen2.5-0.5B": (14, 2, 64), "tiny-code": (4, 2, 64), "Qwen3-8B": (32, 8, 128)}  # q heads, kv heads, d
 
 
@@ -45,10 +48,11 @@ def contestants(n: int, k: int, m: int) -> dict[str, dict[str, callable]]:
     wb = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
     m8 = cpu_gemm.int8_matrices([w8p], [ws], k)
     mb = cpu_gemm.dense_matrices([wb])
-    ours = {"int4": mats, "int8": m8, "bf16": mb}
+    ours = {"int4": mats, "int8": m8, "bf16": mb, "bf16 drafter": cpu_gemm.dense_matrices([wb], loose=True)}
     theirs = {"int4": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4pack, 128, sz),
               "int8": lambda: torch.ops.aten._weight_int8pack_mm(x, w8, ws.bfloat16()),
               "bf16": lambda: torch.nn.functional.linear(x, wb)}
+    theirs["bf16 drafter"] = theirs["bf16"]
     return {fmt: {**{path: on_path(path, lambda mt=mt: cpu_gemm.matmul(x, mt)) for path in cpu_build.runnable()},
                   "torch": theirs[fmt]} for fmt, mt in ours.items()}
 
@@ -86,6 +90,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--attention", action="store_true", help="time the attention instead of the matmuls")
     ap.add_argument("--context", default="512,2048", help="--attention: cached tokens before the rows")
+    ap.add_argument("--shapes", choices=sorted(SHAPES), default="qwen2.5-0.5b", help="the matmuls' weight shapes")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not cpu_gemm.available():
@@ -102,7 +107,7 @@ def main():
                  for name, shape in HEADS.items() for c in map(int, args.context.split(",")) for m in rows]
     else:
         cases = [(f"{n} x {k}", m, {f"{fmt} | ": pair for fmt, pair in contestants(n, k, m).items()})
-                 for n, k in SHAPES for m in rows]
+                 for n, k in SHAPES[args.shapes] for m in rows]
     for label, m, by_format in cases:
         for fmt, pair in by_format.items():
             ms = timed(pair, args.repeats)
