@@ -296,11 +296,14 @@ struct Int4 {
 
     // Column groups [g0, g1) of this matrix, rows in cache-sized chunks, MR rows per tile where
     // there are (AVX2: 3 keeps the tile's registers from spilling, measured against 2 and 4; with
-    // AVX-512's 32 registers 4 measured best of 3-6 and 8).
+    // AVX-512's 32 registers 4 measured best of 3-6 and 8). ONE_PASS: the most rows one tile takes
+    // when they are all there are or left over; on AVX-512 a 5-row product in one 5-row tile ran
+    // 1.1-1.4x 4 + 1 (Qwen2.5-0.5B shapes), 2 rows 1.3x; on AVX2 a 2-row tile for the rows left
+    // over was slower than one row at a time (3 + 2 against 3 + 1 + 1).
 #if defined(__AVX512F__)
-    static constexpr int MR = 4;
+    static constexpr int MR = 4, ONE_PASS = 6;
 #else
-    static constexpr int MR = 3;
+    static constexpr int MR = 3, ONE_PASS = 1;
 #endif
 #if defined(__AMX_INT8__)
     // Group g's 8 columns, unpacked to bytes, into half h of a 16-column tile panel: K values
@@ -403,15 +406,27 @@ struct Int4 {
 #if defined(__AMX_INT8__)
         if (M >= AMX_INT4_ROWS && amx_ready()) return run_amx(M, g0, g1);
 #endif
-        const int chunk = chunk_rows(M, Kp, MR);
+        // Up to ONE_PASS rows take one tile (a verification's k + 1: the weights unpacked once); more
+        // go MR at a time, the rows left over in tiles of up to ONE_PASS.
+        const int mr = M <= ONE_PASS ? M : MR;
+        const int chunk = chunk_rows(M, Kp, mr);
         for (int c0 = 0; c0 < M; c0 += chunk) {
             const int c1 = std::min(c0 + chunk, M);
             for (int cg = g0; cg < g1; cg++) {
                 int m = c0;
-                for (; m + MR <= c1; m += MR) tile<MR>(m, cg);
-                for (; m < c1; m++) tile<1>(m, cg);
+                for (; m + mr <= c1; m += mr) rows_tile<std::max(MR, ONE_PASS)>(mr, m, cg);
+                for (int r; m < c1; m += r) rows_tile<ONE_PASS>(r = std::min(c1 - m, ONE_PASS), m, cg);
             }
         }
+    }
+
+    // tile<r>(m, cg) for r <= R rows.
+    template <int R>
+    void rows_tile(int r, int m, int cg) const {
+        if constexpr (R > 1) {
+            if (r < R) return rows_tile<R - 1>(r, m, cg);
+        }
+        tile<R>(m, cg);
     }
 };
 
@@ -497,6 +512,15 @@ struct Int8 {
             for (int c = 0; c < 2 && n + c < N; c++)
                 store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n + c,
                       (float)(hsum_i32(acc[i][c]) - offset(m0 + i)) * (dx[m0 + i] * ws[n + c]));
+    }
+
+    // tile<r>(m, n, true) for r <= R rows.
+    template <int R>
+    void rows_tile(int r, int m, int n) const {
+        if constexpr (R > 1) {
+            if (r < R) return rows_tile<R - 1>(r, m, n);
+        }
+        tile<R>(m, n, true);
     }
 
     void epilogue(int m, int cg, __m256i sums) const {
@@ -597,6 +621,12 @@ struct Int8 {
             const int c1 = std::min(c0 + chunk, M);
             for (int n = g0 * 8; n < std::min(N, g1 * 8); n += 2) {
                 int m = c0;
+#if defined(__AVX512F__)
+                if (c1 - c0 <= 6) {  // a verification's k + 1 rows in one tile: each weight loaded once
+                    rows_tile<6>(c1 - c0, m, n);
+                    continue;
+                }
+#endif
                 for (; m + 4 <= c1; m += 4) tile<4>(m, n, m == c0);
                 for (; m + 2 <= c1; m += 2) tile<2>(m, n, m == c0);
                 for (; m < c1; m++) tile<1>(m, n, m == c0);
