@@ -294,16 +294,83 @@ struct Int4 {
         }
     }
 
-    // Column groups [g0, g1) of this matrix, rows in cache-sized chunks, MR rows per tile where
-    // there are (AVX2: 3 keeps the tile's registers from spilling, measured against 2 and 4; with
-    // AVX-512's 32 registers 4 measured best of 3-6 and 8). ONE_PASS: the most rows one tile takes
-    // when they are all there are or left over; on AVX-512 a 5-row product in one 5-row tile ran
-    // 1.1-1.4x 4 + 1 (Qwen2.5-0.5B shapes), 2 rows 1.3x; on AVX2 a 2-row tile for the rows left
-    // over was slower than one row at a time (3 + 2 against 3 + 1 + 1).
 #if defined(__AVX512F__)
-    static constexpr int MR = 4, ONE_PASS = 6;
+    // tile() for groups cg and cg + 1 at once, in the two halves of 16-lane registers: each vpdpbusd
+    // does two groups' work, and the pairwise sums (hadd's pattern in every 128-bit lane) leave lane l
+    // = column l of group cg, lane 8 + l of cg + 1. The same integer sums and float operations per
+    // output as tile(), so the same bits.
+    template <int MR>
+    void tile2(int m0, int cg) const {
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        __m512 acc[MR];
+        for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
+        const uint8_t *w0 = qw + (int64_t)cg * nb * 128, *w1 = w0 + (int64_t)nb * 128;
+        for (int g = 0; g < G; g++) {
+            __m512 part[MR];
+            for (int i = 0; i < MR; i++) part[i] = _mm512_setzero_ps();
+            const int b1 = std::min(nb, (g + 1) * bpg);
+            for (int b = g * bpg; b < b1; b++) {
+                for (const uint8_t *w : {w0, w1}) {
+                    _mm_prefetch((const char *)(w + (int64_t)b * 128 + PREFETCH), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w + (int64_t)b * 128 + PREFETCH + 64), _MM_HINT_T0);
+                }
+                __m512i u[8];  // U(A, 0..3), U(B, 0..3) of both groups
+                for (int t = 0; t < 4; t++) {
+                    const __m512i p = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + (int64_t)b * 128 + 32 * t))),
+                        _mm256_loadu_si256((const __m256i *)(w1 + (int64_t)b * 128 + 32 * t)), 1);
+                    const int set = t >> 1, j = t & 1;
+                    u[4 * set + j] = _mm512_and_si512(p, low);
+                    u[4 * set + j + 2] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+                }
+                for (int i = 0; i < MR; i++) {
+                    const int8_t *x = xq + (int64_t)(m0 + i) * Kp + b * 32;
+                    __m512i sa = _mm512_setzero_si512(), sb = _mm512_setzero_si512();
+                    for (int j = 0; j < 4; j++) {
+                        int64_t run;
+                        memcpy(&run, x + 8 * j, 8);
+                        const __m512i xv = _mm512_set1_epi64(run);
+                        sa = _mm512_dpbusd_epi32(sa, u[j], xv);
+                        sb = _mm512_dpbusd_epi32(sb, u[4 + j], xv);
+                    }
+                    const __m512 fa = _mm512_castsi512_ps(sa), fb = _mm512_castsi512_ps(sb);
+                    const __m512i dot = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
+                                                         _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xDD)));
+                    part[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(dx[(int64_t)(m0 + i) * nb + b]), part[i]);
+                }
+            }
+            const int64_t s0 = ((int64_t)cg * G + g) * 8, s1 = s0 + (int64_t)G * 8;
+            const __m512 sv = _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)(s + s1)),
+                                                               _mm_loadu_si128((const __m128i *)(s + s0))));
+            const __m128i z16 = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(z + s0)), _mm_loadl_epi64((const __m128i *)(z + s1)));
+            const __m512 szv = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(z16)));
+            for (int i = 0; i < MR; i++) {
+                acc[i] = _mm512_fmadd_ps(part[i], sv, acc[i]);
+                acc[i] = _mm512_fnmadd_ps(szv, _mm512_set1_ps(gsx[(int64_t)(m0 + i) * G + g]), acc[i]);
+            }
+        }
+        const int cols = std::min(16, N - cg * 8);
+        for (int i = 0; i < MR; i++) {
+            alignas(64) float out[16];
+            _mm512_store_ps(out, acc[i]);
+            for (int l = 0; l < cols; l++) store(y, dt, (int64_t)(m0 + i) * ldy + y0 + cg * 8 + l, out[l]);
+        }
+    }
+#endif
+
+    // Column groups [g0, g1) of this matrix, rows in cache-sized chunks, MR rows per tile where
+    // there are (AVX2: 3 keeps the tile's registers from spilling, measured against 2 and 4). ONE_PASS:
+    // the most rows one tile takes when they are all there are or left over; on AVX2 a 2-row tile for
+    // the rows left over was slower than one row at a time (3 + 2 against 3 + 1 + 1). On AVX-512, two
+    // rows or more take two groups a tile (tile2), up to 6 rows (Qwen2.5-0.5B shapes, 2 threads, AMX
+    // Xeon, against one group and 4 + 1 rows: 5 rows 1.45x, 2 rows 1.5x, 9 rows 1.3x; 6 rows a tile
+    // against 4: 9 rows 1.1x, 16 even).
+#if defined(__AVX512F__)
+    static constexpr int MR = 6, ONE_PASS = 6;
+    static constexpr bool PAIRED = true;
 #else
     static constexpr int MR = 3, ONE_PASS = 1;
+    static constexpr bool PAIRED = false;
 #endif
 #if defined(__AMX_INT8__)
     // Group g's 8 columns, unpacked to bytes, into half h of a 16-column tile panel: K values
@@ -413,19 +480,25 @@ struct Int4 {
         for (int c0 = 0; c0 < M; c0 += chunk) {
             const int c1 = std::min(c0 + chunk, M);
             for (int cg = g0; cg < g1; cg++) {
+                // AVX-512, two rows or more: two column groups a tile where the thread has them
+                const bool two = PAIRED && M > 1 && cg + 1 < g1;
                 int m = c0;
-                for (; m + mr <= c1; m += mr) rows_tile<std::max(MR, ONE_PASS)>(mr, m, cg);
-                for (int r; m < c1; m += r) rows_tile<ONE_PASS>(r = std::min(c1 - m, ONE_PASS), m, cg);
+                for (; m + mr <= c1; m += mr) rows_tile<std::max(MR, ONE_PASS)>(mr, m, cg, two);
+                for (int r; m < c1; m += r) rows_tile<ONE_PASS>(r = std::min(c1 - m, ONE_PASS), m, cg, two);
+                cg += two;
             }
         }
     }
 
-    // tile<r>(m, cg) for r <= R rows.
+    // tile<r>(m, cg) (two: tile2) for r <= R rows.
     template <int R>
-    void rows_tile(int r, int m, int cg) const {
+    void rows_tile(int r, int m, int cg, bool two) const {
         if constexpr (R > 1) {
-            if (r < R) return rows_tile<R - 1>(r, m, cg);
+            if (r < R) return rows_tile<R - 1>(r, m, cg, two);
         }
+#if defined(__AVX512F__)
+        if (two) return tile2<R>(m, cg);
+#endif
         tile<R>(m, cg);
     }
 };
