@@ -7,8 +7,8 @@ SPECLITE_CPU_KERNELS=0, a library is None and callers keep torch's ops.
 
 One ISA path serves the whole process, picked at run time from the CPU's flags (`isa()`): `amx`
 where the CPU also has AMX tiles with int8 and bf16 (Sapphire Rapids and later: the integer products
-of many rows, and a drafter's bf16 products, in tile multiplies, the rest as avx512; where the kernel refuses the process AMX's state, the
-avx512 code of the same build runs), `avx512` where it has AVX-512 F/BW/VL with VNNI (Intel since
+of many rows, and a drafter's bf16 products, in tile multiplies, the rest as avx512; where the kernel
+refuses the process AMX's state, the avx512 code of the same build runs), `avx512` where it has AVX-512 F/BW/VL with VNNI (Intel since
 Cascade Lake, AMD Zen 4 and later: integer dot products in one vpdpbusd), else `avx2`. The sources are
 the same; the build's flags decide which code each kernel compiles to. SPECLITE_CPU_ISA=avx512 or
 avx2 caps it, so an AMX or AVX-512 machine runs (and tests) the lesser paths' kernels.

@@ -5,8 +5,8 @@ kernel), threads from torch.get_num_threads(). Weights are repacked once at load
 pack_int8, pack_dense; one layout for every ISA path); activations arrive in fp32, bf16 or f16 and the output
 has their dtype. A row's result does not depend on the other rows of the call (see the source),
 which keeps speculative decoding bit-identical to plain decoding; only a drafter's products
-(drafting(): proposals, checked by the target) may take faster tiles that do not keep it. Built by cpu_build for the
-process's ISA path (AVX2, or AVX-512 with VNNI). `available()` is False without such a
+(drafting(): proposals, checked by the target) may take faster tiles that do not keep it. Built by
+cpu_build for the process's ISA path (AVX2, or AVX-512 with VNNI). `available()` is False without such a
 CPU or a compiler, or with SPECLITE_CPU_KERNELS=0: callers keep torch's ops.
 """
 

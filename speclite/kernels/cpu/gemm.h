@@ -16,10 +16,10 @@
 //         repacked at load into panels of 16 columns (layout at Dense below), fp32 FMAs.
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
 //
-// Exactness (all but a drafter's loose products): the arithmetic of output (m, n) is the same sequence of operations whatever M is and
-// whichever tile holds it (tiles only share loads; every (m, n) has its own accumulators and the
-// same reduction), and the build uses -ffp-contract=off so the compiler cannot fuse differently in
-// different tiles. So a row computed alone equals that row in a batch, bit for bit: speculative
+// Exactness (all but a drafter's loose products): the arithmetic of output (m, n) is the same
+// sequence of operations whatever M is and whichever tile holds it (tiles only share loads; every
+// (m, n) has its own accumulators and the same reduction), and the build uses -ffp-contract=off so
+// the compiler cannot fuse differently in different tiles. So a row computed alone equals that row in a batch, bit for bit: speculative
 // verification of k+1 rows gives the plain decoder's logits.
 //
 // A team's threads (team.h) split the output columns statically. matmul_team is run by every
