@@ -35,6 +35,7 @@
 #endif
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "team.h"
@@ -110,6 +111,16 @@ void quantize_row(const void *x, int dt, int64_t m, int K, int Kp, int block, in
 inline int chunk_rows(int M, int64_t row_bytes, int mr) {
     const int fit = (int)std::min<int64_t>(M + mr - 1, CHUNK_BYTES / row_bytes);
     return std::max(ROW_CHUNK / mr, fit / mr) * mr;
+}
+
+// tile(std::integral_constant<int, r>()) for a run-time r <= R: a tile template's row count picked at
+// run time (the rows of a call, or those left over).
+template <int R, class Tile>
+inline void up_to_rows(int r, Tile tile) {
+    if constexpr (R > 1) {
+        if (r < R) return up_to_rows<R - 1>(r, tile);
+    }
+    tile(std::integral_constant<int, R>());
 }
 
 inline void split(int N, int step, int threads, int t, int &n0, int &n1) {
@@ -497,13 +508,12 @@ struct Int4 {
     // tile<r>(m, cg) (two: tile2) for r <= R rows.
     template <int R>
     void rows_tile(int r, int m, int cg, bool two) const {
-        if constexpr (R > 1) {
-            if (r < R) return rows_tile<R - 1>(r, m, cg, two);
-        }
+        up_to_rows<R>(r, [&](auto rows) {
 #if defined(__AVX512F__)
-        if (two) return tile2<R>(m, cg);
+            if (two) return tile2<rows>(m, cg);
 #endif
-        tile<R>(m, cg);
+            tile<rows>(m, cg);
+        });
     }
 };
 
@@ -589,15 +599,6 @@ struct Int8 {
             for (int c = 0; c < 2 && n + c < N; c++)
                 store(y, dt, (int64_t)(m0 + i) * ldy + y0 + n + c,
                       (float)(hsum_i32(acc[i][c]) - offset(m0 + i)) * (dx[m0 + i] * ws[n + c]));
-    }
-
-    // tile<r>(m, n, true) for r <= R rows.
-    template <int R>
-    void rows_tile(int r, int m, int n) const {
-        if constexpr (R > 1) {
-            if (r < R) return rows_tile<R - 1>(r, m, n);
-        }
-        tile<R>(m, n, true);
     }
 
     void epilogue(int m, int cg, __m256i sums) const {
@@ -700,7 +701,7 @@ struct Int8 {
                 int m = c0;
 #if defined(__AVX512F__)
                 if (c1 - c0 <= 6) {  // a verification's k + 1 rows in one tile: each weight loaded once
-                    rows_tile<6>(c1 - c0, m, n);
+                    up_to_rows<6>(c1 - c0, [&](auto rows) { tile<rows>(m, n, true); });
                     continue;
                 }
 #endif
@@ -871,10 +872,7 @@ struct Dense {
 // kernel.tile<mr, NP> for mr <= MR rows.
 template <int MR, int NP>
 inline void tile_rows(const Dense &k, int m, int mr, int p) {
-    if constexpr (MR > 1) {
-        if (mr < MR) return tile_rows<MR - 1, NP>(k, m, mr, p);
-    }
-    k.template tile<MR, NP>(m, p);
+    up_to_rows<MR>(mr, [&](auto rows) { k.template tile<rows, NP>(m, p); });
 }
 
 // One row against panels [p0, p1): NP panels at a time (NP independent sums per lane), fewer at the end.
