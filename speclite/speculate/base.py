@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import torch
 
+from speclite.kernels import cpu_sampling
 from speclite.model.step import NOTHING, Step, Wants
 from speclite.sampling import SamplingParams
 
@@ -102,17 +103,23 @@ class Proposer(ABC):
         """Greedy iterations with k drafts each, run with the target (its `cache` fed `token` and
         the drafts) without Python between them, for about `seconds` or until a new token is in
         `eos`, `room` new tokens at most: the tokens the loop would give, the caches and this
-        proposer's state left as its iterations would leave them. None (the default, or where the
+        proposer's state left as its iterations would leave them. None (no kernel_run, or where the
         models cannot): the loop runs its iterations one by one."""
-        return None
+        return self.kernel_run(target, cache, token, k, room, eos, seconds, None, None)
 
     def sampled_run(self, target, cache, token: int, k: int, room: int, eos: set[int], seconds: float,
                     params, generator) -> list[Iteration] | None:
         """As greedy_run under rejection sampling (params: the request's SamplingParams): drafts drawn
         from this proposer's warped distributions and verified as the `rejection` verifier verifies
         a chain, with the generator's uniforms taken in the loop's order, so the tokens and the
-        generator's state are those of the iterations one by one. None (the default, or where the
+        generator's state are those of the iterations one by one. None (no kernel_run, or where the
         models cannot): the loop runs its iterations one by one."""
+        return self.kernel_run(target, cache, token, k, room, eos, seconds, cpu_sampling.Warp.of(params), generator)
+
+    def kernel_run(self, target, cache, token: int, k: int, room: int, eos: set[int], seconds: float, warp,
+                   generator) -> list[Iteration] | None:
+        """greedy_run (warp None) and sampled_run (a cpu_sampling.Warp, the generator whose uniforms
+        the call takes): a proposer's iterations in one call of the CPU kernels. None by default."""
         return None
 
     def states_from(self, prompt_ids: list[int]) -> int:

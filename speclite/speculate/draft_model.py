@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from speclite.kernels import cpu_layer_ops, cpu_sampling
+from speclite.kernels import cpu_layer_ops
 from speclite.model import Transformer
 from speclite.model.kv_cache import shared_prefix
 from speclite.sampling import Ahead, row_argmaxes, sample, uniform, warp
@@ -109,20 +109,12 @@ class DraftModelProposer(Proposer):
             drafts.append(token)
         return torch.cat(drafts).tolist()
 
-    def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
+    def kernel_run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         """On the CPU, both models whole in the kernels: the iterations in one C call, the draft's
-        forward (or forwards), its argmaxes, the target's pass and the acceptance each time (on the
+        forward (or forwards), its argmaxes (sampled: its draws, the acceptances and the next token's
+        draw as the loop's rejection sampling does, uniforms for up to 64 iterations drawn ahead and the
+        generator then left past the ones used), the target's pass and the acceptance each time (on the
         embedded pair the Python around each model call cost more than the draft forward itself)."""
-        return self._run(target, cache, token, k, room, eos, seconds, None, None)
-
-    def sampled_run(self, target, cache, token, k, room, eos, seconds, params, generator) -> list[Iteration] | None:
-        """greedy_run's C call drawing the drafts, accepting them and drawing the next token as the
-        loop's rejection sampling does (uniforms for up to 64 iterations drawn ahead, the generator
-        then left past the ones used)."""
-        warp = cpu_sampling.Warp.of(params)
-        return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
-
-    def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         if self.cache.length >= len(self.tokens):
             self.cache.rollback(len(self.tokens) - 1)
         ours, theirs = self.model.kernel_decoder(self.cache), target.kernel_decoder(cache)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.kernels import cpu_layer_ops, cpu_sampling
+from speclite.kernels import cpu_layer_ops
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
 from speclite.sampling import Ahead
@@ -81,20 +81,11 @@ class DFlashProposer(Proposer):
         else:
             self.pending = cpu_layer_ops.cat([self.pending[: first - self.cache.length], fused], dim=0)
 
-    def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
+    def kernel_run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         """On the CPU, target and drafter whole in the kernels: the iterations in one C call (the
-        context's injection, the block's forward and argmaxes, the target's pass capturing the layers
-        the drafter reads, the acceptance, fc and hidden_norm over the stood rows). [] where the
-        pending rows do not reach the last token (the loop's own iteration then)."""
-        return self._run(target, cache, token, k, room, eos, seconds, None, None)
-
-    def sampled_run(self, target, cache, token, k, room, eos, seconds, params, generator) -> list[Iteration] | None:
-        """greedy_run's C call drawing the block's drafts from their warps and judging them as the loop's
-        rejection sampling does (as DraftModelProposer.sampled_run)."""
-        warp = cpu_sampling.Warp.of(params)
-        return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
-
-    def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
+        context's injection, the block's forward and argmaxes or draws, the target's pass capturing the
+        layers the drafter reads, the acceptance or rejection sampling, fc and hidden_norm over the stood
+        rows). [] where the pending rows do not reach the last token (the loop's own iteration then)."""
         theirs = target.kernel_decoder(cache)
         ours = None if theirs is None else self.draft.kernel_decoder(self.pending, self.cache, self.embed, self.lm_head)
         if ours is None or theirs.dtype != self.pending.dtype:

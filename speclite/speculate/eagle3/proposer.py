@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.kernels import cpu_gemm, cpu_layer_ops, cpu_sampling
+from speclite.kernels import cpu_gemm, cpu_layer_ops
 from speclite.model.decoder import embed_rows, hooked, rope_rows
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
@@ -96,22 +96,14 @@ class Eagle3Proposer(Proposer):
             kept = self.pending[: first - self.committed] if self.pending is not None else fused[:0]
             self.pending = cpu_layer_ops.cat([kept, fused], dim=0)
 
-    def greedy_run(self, target, cache, token, k, room, eos, seconds) -> list[Iteration] | None:
+    def kernel_run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         """On the CPU, target and head whole in the kernels and a chain asked for: the iterations in one
-        C call, the head's chain (its pending pairs first), the target's pass (capturing the layers an
-        EAGLE-3 head reads), the acceptance and the next states (fc over the stood rows' captures, or
-        MTP's final normed states) each time. [] where the pending rows are not all pairs yet, or the
-        pairs start at a position whose embedding the head zeroes (the loop's own iteration then)."""
-        return self._run(target, cache, token, k, room, eos, seconds, None, None)
-
-    def sampled_run(self, target, cache, token, k, room, eos, seconds, params, generator) -> list[Iteration] | None:
-        """greedy_run's C call drawing the chain from the head's warps over the target's vocabulary and
-        judging it as the loop's rejection sampling does (as DraftModelProposer.sampled_run). (An MTP
-        module predicts over the target's vocabulary, checked at load.)"""
-        warp = cpu_sampling.Warp.of(params)
-        return self._run(target, cache, token, k, room, eos, seconds, warp, generator)
-
-    def _run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
+        C call, the head's chain (its pending pairs first; sampled: drawn from the head's warps over
+        the target's vocabulary, an MTP module's being the target's, checked at load), the target's
+        pass (capturing the layers an EAGLE-3 head reads), the acceptance or rejection sampling and the
+        next states (fc over the stood rows' captures, or MTP's final normed states) each time. []
+        where the pending rows are not all pairs yet, or the pairs start at a position whose embedding
+        the head zeroes (the loop's own iteration then)."""
         head = self.head
         theirs = None if self.topk != 1 else target.kernel_decoder(cache)  # (the embedding is the target's)
         layers = None if theirs is None or self.pending is None else head.cpu_layers(self.pending)
