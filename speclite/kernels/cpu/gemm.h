@@ -809,9 +809,10 @@ struct Dense {
     }
 
     // fp32 activations against fp32, f16 or bf16 panels: fp32 FMAs, the weights widened in registers.
-    // A last panel's valid columns (N - 16 p of them) are stored one by one.
+    // A last panel's valid columns (N - 16 p of them) are stored one by one. Compiled on its own: inlined
+    // into the row loops, AVX2's 6 x 1 fp32 tile spilled accumulators to the stack (0.45x, Zen 4).
     template <int MR, int NP, int WDT, bool PF>
-    void tile_of(int m0, int p0) const {
+    __attribute__((noinline)) void tile_of(int m0, int p0) const {
         constexpr int ES = WDT == F32 ? 4 : 2;
         const char *wp[NP];
         for (int j = 0; j < NP; j++) wp[j] = (const char *)w + (p0 + j) * panel_values() * ES;
@@ -904,7 +905,11 @@ inline void many_rows(const Dense &k, int M, int p0, int p1) {
 // a bf16 Qwen2.5-0.5B shape even with them, where 6 and 8 panels (more streams) were 0.98x and 0.96x.
 // It prefetches as the row-major tiles did (PREFETCH_ONE_ROW); more rows always do. 2-4 rows take 4
 // panels (AVX2: 2-3 rows 2 panels); more rows 12 x 2 panels in AVX-512's 32 registers (8 x 2 and 6 x 4
-// slower in a C harness), AVX2's 6 x 1 in its 16.
+// slower in a C harness), AVX2's 6 x 1 in its 16. There a tile's accumulators, its weights and a
+// broadcast must fit the 16 registers or the compiler spills accumulators to the stack, each spill a
+// store and a reload in an FMA chain: f16 and bf16 weights take registers to widen (bf16 one more for
+// its mask), so 3 rows take one panel (2 x 16 accumulators spilled) and bf16's many rows go 5 at a time
+// (Zen 4's AVX2 code, 2 threads: bf16 3 rows 1.6x, 9-128 rows 1.15-1.25x; f16 3 rows 1.6x).
 inline void run_panels(const Dense &k, int M, int p0, int p1) {
     if (M == 1) return one_row<4>(k, p0, p1);
     const int64_t row_bytes = (int64_t)k.K * (k.x ? 4 : 2);
@@ -914,8 +919,9 @@ inline void run_panels(const Dense &k, int M, int p0, int p1) {
     chunked.chunk = chunk_rows(M, row_bytes, 12);
     many_rows<12, 2>(chunked, M, p0, p1);
 #else
-    if (M <= 3) return many_rows<3, 2>(k, M, p0, p1);
-    chunked.chunk = chunk_rows(M, row_bytes, 6);
+    if (M <= 3) return M == 3 && k.wdt != F32 ? many_rows<3, 1>(k, M, p0, p1) : many_rows<3, 2>(k, M, p0, p1);
+    chunked.chunk = chunk_rows(M, row_bytes, k.wdt == BF16 ? 5 : 6);
+    if (k.wdt == BF16) return many_rows<5, 1>(chunked, M, p0, p1);
     many_rows<6, 1>(chunked, M, p0, p1);
 #endif
 }
