@@ -79,7 +79,7 @@ AVX512_FLAGS = "avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni"
 
 @pytest.mark.parametrize("vendor,flags,paths,defines", [
     ("AuthenticAMD", "avx2 fma f16c", ["avx2"], ("-DSPECLITE_AMD",)),
-    ("AuthenticAMD", AVX512_FLAGS, ["avx512", "avx2"], ("-DSPECLITE_AMD",)),
+    ("AuthenticAMD", AVX512_FLAGS, ["avx512", "avx2"], ("-DSPECLITE_AMD", "-DSPECLITE_ZEN4")),
     ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8 amx_bf16", ["amx", "avx512", "avx2"], ()),
     ("GenuineIntel", AVX512_FLAGS + " amx_tile", ["avx512", "avx2"], ()),  # tiles without int8
     ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8", ["avx512", "avx2"], ()),  # without bf16

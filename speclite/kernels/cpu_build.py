@@ -117,9 +117,12 @@ def _build(compiler: str, source: Path, flags, target: Path) -> bool:
 
 
 def vendor_flags() -> tuple[str, ...]:
-    """Defines for what is tuned per CPU maker rather than per ISA: -DSPECLITE_AMD on AMD's (gemm.h,
-    PREFETCH_ONE_ROW and FAR_PREFETCH)."""
-    return ("-DSPECLITE_AMD",) if _cpu_line("vendor_id").split()[-1:] == [b"AuthenticAMD"] else ()
+    """Defines for what is tuned per CPU maker and generation rather than per ISA path (gemm.h,
+    PREFETCH_ONE_ROW and FAR_PREFETCH): -DSPECLITE_AMD on AMD's, and -DSPECLITE_ZEN4 on AMD's with
+    AVX-512 (Zen 4 and later), whichever path a process runs there."""
+    if _cpu_line("vendor_id").split()[-1:] != [b"AuthenticAMD"]:
+        return ()
+    return ("-DSPECLITE_AMD", "-DSPECLITE_ZEN4") if b"avx512f" in _cpu_flags().split() else ("-DSPECLITE_AMD",)
 
 
 def _cpu_flags() -> bytes:

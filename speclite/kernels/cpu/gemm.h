@@ -48,12 +48,13 @@ constexpr int ROW_CHUNK = 32, CHUNK_BYTES = 256 << 10;
 // decode step at about a third of the copy bandwidth (benchmarks/RESULTS.md, issue 13). Measured
 // best: 2 KB ahead of int4's one stream per thread, 4 KB ahead of each row of the row-major formats.
 constexpr int PREFETCH = 2048, PREFETCH_ROWS = 4096;
-// One row's dense and int8 products (a decode step) prefetch nothing on AVX-512 builds for AMD CPUs
-// (cpu_build defines SPECLITE_AMD): on Zen 4 the hardware prefetcher alone streamed them 8-12% faster
-// (benchmarks/RESULTS.md, 2026-11-25). On an AMX Xeon the prefetch made whole decode steps 1.10x
-// (bf16) and 1.15x (w8a8) faster. int4's one stream per thread, two or more rows, and the AVX2 build
-// (tuned on Zen 3) keep the prefetch everywhere.
-#if defined(__AVX512F__) && defined(SPECLITE_AMD)
+// One row's dense and int8 products (a decode step) prefetch nothing on Zen 4 and later (cpu_build
+// defines SPECLITE_ZEN4 on AMD CPUs with AVX-512), whichever ISA path runs: there the hardware
+// prefetcher alone streamed them 8-12% faster on the AVX-512 path and 13% on the AVX2 path
+// (benchmarks/RESULTS.md, 2026-11-25 and 2026-11-26). On an AMX Xeon the prefetch made whole decode
+// steps 1.10x (bf16) and 1.15x (w8a8) faster. int4's one stream per thread, two or more rows, and
+// the AVX2-only AMD CPUs (Zen 3 and before, where the int4 and int8 streams gained 1.2-1.4x) keep it.
+#if defined(SPECLITE_ZEN4)
 constexpr bool PREFETCH_ONE_ROW = false;
 #else
 constexpr bool PREFETCH_ONE_ROW = true;
