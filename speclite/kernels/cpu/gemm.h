@@ -887,17 +887,19 @@ inline void one_row(const Dense &k, int p0, int p1) {
     }
 }
 
-// Rows in chunks (a chunk's first tile streams the weights, its other tiles find them in cache) against
-// panels [p0, p1), NP at a time, MR rows a tile.
+// Rows in chunks sized for MR-row tiles (chunk_rows: a chunk's first tile streams the weights, its
+// other tiles find them in cache) against panels [p0, p1), NP at a time, MR rows a tile.
 template <int MR, int NP>
 inline void many_rows(const Dense &k, int M, int p0, int p1) {
-    for (int c0 = 0; c0 < M; c0 += k.chunk) {
-        const int c1 = std::min(c0 + k.chunk, M);
+    Dense chunked = k;
+    chunked.chunk = chunk_rows(M, (int64_t)k.K * (k.x ? 4 : 2), MR);
+    for (int c0 = 0; c0 < M; c0 += chunked.chunk) {
+        const int c1 = std::min(c0 + chunked.chunk, M);
         int p = p0;
         for (; p + NP <= p1; p += NP)
-            for (int m = c0; m < c1; m += MR) tile_rows<MR, NP>(k, m, std::min(MR, c1 - m), p);
+            for (int m = c0; m < c1; m += MR) tile_rows<MR, NP>(chunked, m, std::min(MR, c1 - m), p);
         for (; p < p1; p++)
-            for (int m = c0; m < c1; m += MR) tile_rows<MR, 1>(k, m, std::min(MR, c1 - m), p);
+            for (int m = c0; m < c1; m += MR) tile_rows<MR, 1>(chunked, m, std::min(MR, c1 - m), p);
     }
 }
 
@@ -913,17 +915,13 @@ inline void many_rows(const Dense &k, int M, int p0, int p1) {
 // (Zen 4's AVX2 code, 2 threads: bf16 3 rows 1.6x, 9-128 rows 1.15-1.25x; f16 3 rows 1.6x).
 inline void run_panels(const Dense &k, int M, int p0, int p1) {
     if (M == 1) return one_row<4>(k, p0, p1);
-    const int64_t row_bytes = (int64_t)k.K * (k.x ? 4 : 2);
-    Dense chunked = k;
 #if defined(__AVX512F__)
     if (M <= 4) return many_rows<4, 4>(k, M, p0, p1);
-    chunked.chunk = chunk_rows(M, row_bytes, 12);
-    many_rows<12, 2>(chunked, M, p0, p1);
+    many_rows<12, 2>(k, M, p0, p1);
 #else
     if (M <= 3) return M == 3 && k.wdt != F32 ? many_rows<3, 1>(k, M, p0, p1) : many_rows<3, 2>(k, M, p0, p1);
-    chunked.chunk = chunk_rows(M, row_bytes, k.wdt == BF16 ? 5 : 6);
-    if (k.wdt == BF16) return many_rows<5, 1>(chunked, M, p0, p1);
-    many_rows<6, 1>(chunked, M, p0, p1);
+    if (k.wdt == BF16) return many_rows<5, 1>(k, M, p0, p1);
+    many_rows<6, 1>(k, M, p0, p1);
 #endif
 }
 
