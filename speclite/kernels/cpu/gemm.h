@@ -371,7 +371,8 @@ struct Int4 {
 #endif
 
     // Column groups [g0, g1) of this matrix, rows in cache-sized chunks, MR rows per tile where
-    // there are (AVX2: 3 keeps the tile's registers from spilling, measured against 2 and 4). ONE_PASS:
+    // there are (AVX2: 3, measured against 2 and 4; its rows' sums spill to the stack, but a tile that
+    // kept them in registers ran 0.68-0.83x: the maddubs work bounds it, RESULTS.md 2026-11-26). ONE_PASS:
     // the most rows one tile takes when they are all there are or left over; on AVX2 a 2-row tile for
     // the rows left over was slower than one row at a time (3 + 2 against 3 + 1 + 1). On AVX-512, two
     // rows or more take two groups a tile (tile2), up to 6 rows (Qwen2.5-0.5B shapes, 2 threads, AMX
