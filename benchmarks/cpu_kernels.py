@@ -7,8 +7,9 @@ format, one row and many rows; and its attention over a KV cache.
 For each Qwen2.5-0.5B matmul shape (gate/up, down, a quarter of the head; `--shapes pair`: the
 embedded pair's drafters' head, gate/up and EAGLE-3 head) and each row count: int4 (group 128)
 against aten._weight_int4pack_mm_for_cpu, int8 against aten._weight_int8pack_mm, bf16 against
-F.linear, and bf16 as a drafter's (loose: AMX bf16 tiles on the amx path), all with bf16
-activations; speclite once per ISA path the CPU runs (AVX-512 and AVX2 on an AVX-512 machine).
+F.linear, and bf16 as a drafter's (loose: AMX bf16 tiles on the amx path, vdpbf16ps on Zen 4's
+avx512 path), all with bf16 activations; speclite once per ISA path the CPU runs (AVX-512 and AVX2 on
+an AVX-512 machine).
 Calls alternate; medians of --repeats. The int8 rows compare W8A8 (ours quantizes activations) with
 torch's weight-only op: the nearest op torch has.
 

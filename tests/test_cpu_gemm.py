@@ -77,22 +77,29 @@ def close(y, reference, tol=1e-5):
 AVX512_FLAGS = "avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni"
 
 
-@pytest.mark.parametrize("vendor,flags,paths,defines", [
-    ("AuthenticAMD", "avx2 fma f16c", ["avx2"], ("-DSPECLITE_AMD",)),
-    ("AuthenticAMD", AVX512_FLAGS, ["avx512", "avx2"], ("-DSPECLITE_AMD", "-DSPECLITE_ZEN4")),
-    ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8 amx_bf16", ["amx", "avx512", "avx2"], ()),
-    ("GenuineIntel", AVX512_FLAGS + " amx_tile", ["avx512", "avx2"], ()),  # tiles without int8
-    ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8", ["avx512", "avx2"], ()),  # without bf16
-    ("GenuineIntel", "avx2 fma f16c avx512f avx512bw avx512vl", ["avx2"], ()),  # AVX-512 without VNNI
-    ("GenuineIntel", "avx fma f16c", [], ()),
+@pytest.mark.parametrize("vendor,flags,paths,defines,bf16", [
+    ("AuthenticAMD", "avx2 fma f16c", ["avx2"], ("-DSPECLITE_AMD",), False),
+    ("AuthenticAMD", AVX512_FLAGS, ["avx512", "avx2"], ("-DSPECLITE_AMD", "-DSPECLITE_ZEN4"), False),
+    ("AuthenticAMD", AVX512_FLAGS + " avx512_bf16", ["avx512", "avx2"], ("-DSPECLITE_AMD", "-DSPECLITE_ZEN4"), True),
+    ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8 amx_bf16", ["amx", "avx512", "avx2"], (), False),
+    ("GenuineIntel", AVX512_FLAGS + " avx512_bf16 amx_tile amx_int8 amx_bf16", ["amx", "avx512", "avx2"], (), True),
+    ("GenuineIntel", AVX512_FLAGS + " amx_tile", ["avx512", "avx2"], (), False),  # tiles without int8
+    ("GenuineIntel", AVX512_FLAGS + " amx_tile amx_int8", ["avx512", "avx2"], (), False),  # without bf16
+    ("GenuineIntel", "avx2 fma f16c avx512f avx512bw avx512vl", ["avx2"], (), False),  # AVX-512 without VNNI
+    ("GenuineIntel", "avx fma f16c", [], (), False),
 ])
-def test_isa_paths_and_vendor_defines_follow_cpuinfo(monkeypatch, vendor, flags, paths, defines):
+def test_isa_paths_and_vendor_defines_follow_cpuinfo(monkeypatch, vendor, flags, paths, defines, bf16):
+    """The paths a CPU runs, the maker's defines, and AVX-512 BF16 compiled into the AVX-512 paths
+    (never the avx2 one) where the CPU has it."""
     if cpu_build.platform.machine() not in ("x86_64", "AMD64") or os.environ.get("SPECLITE_CPU_KERNELS", "1") == "0":
         pytest.skip("no x86 kernels here")
     lines = {"vendor_id": f"vendor_id\t: {vendor}", "flags": f"flags\t\t: fpu {flags}"}
     monkeypatch.setattr(cpu_build, "_cpu_line", lambda key: lines[key].encode())
     assert cpu_build.runnable() == paths
     assert cpu_build.vendor_flags() == defines
+    for path in paths:
+        assert cpu_build.path_flags(path)[: len(cpu_build.ISAS[path][1])] == cpu_build.ISAS[path][1]
+        assert ("-mavx512bf16" in cpu_build.path_flags(path)) == (bf16 and path != "avx2")
 
 
 def test_a_path_whose_build_fails_gives_way_to_the_next(monkeypatch):
@@ -178,16 +185,19 @@ def test_bf16_weights_and_activations_equal_float64_math_before_rounding(isa, m,
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k", [(1, 37, 96), (3, 200, 128), (9, 300, 896), (17, 64, 256), (40, 4864, 64),
-                                   (5, 64, 200), (2, 9, 65)])
-def test_a_drafters_products_are_bf16_tiles_on_amx_and_exact_elsewhere(isa, dtype, m, n, k):
-    """Loose matrices (a drafter's) on the amx path: products of the activations rounded to bf16
-    (fp32 sums) where K is a multiple of 32 and a row is short or the matrix cached; everywhere
+                                   (5, 64, 200), (2, 9, 65), (13, 50, 130), (4, 300, 66)])
+def test_a_drafters_products_are_bf16_on_amx_and_zen4_and_exact_elsewhere(isa, dtype, m, n, k):
+    """Loose matrices (a drafter's): products of the activations rounded to bf16 (fp32 sums) on the
+    amx path where K is a multiple of 32 and a row is short or the matrix cached, and on Zen 4's
+    avx512 path (vdpbf16ps, built in where the CPU has AVX-512 BF16) where K is even; everywhere
     else the exact products, bit for bit."""
     torch.manual_seed(m * n + k)
     x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(torch.bfloat16)
     exact = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([w]))
     loose = cpu_gemm.matmul(x, cpu_gemm.dense_matrices([w], loose=True))
-    tiles = isa == "amx" and k % 32 == 0 and (m >= 4 or n * k * 2 <= 2 << 20)
+    zen4_bf16 = (isa == "avx512" and "-DSPECLITE_ZEN4" in cpu_build.vendor_flags()
+                 and "-mavx512bf16" in cpu_build.path_flags(isa))
+    tiles = (isa == "amx" and k % 32 == 0 and (m >= 4 or n * k * 2 <= 2 << 20)) or (zen4_bf16 and k % 2 == 0)
     if not tiles:
         assert torch.equal(loose, exact)
         return

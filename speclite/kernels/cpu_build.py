@@ -10,7 +10,8 @@ where the CPU also has AMX tiles with int8 and bf16 (Sapphire Rapids and later: 
 of many rows, and a drafter's bf16 products, in tile multiplies, the rest as avx512; where the kernel
 refuses the process AMX's state, the avx512 code of the same build runs), `avx512` where it has AVX-512 F/BW/VL with VNNI (Intel since
 Cascade Lake, AMD Zen 4 and later: integer dot products in one vpdpbusd), else `avx2`. The sources are
-the same; the build's flags decide which code each kernel compiles to. SPECLITE_CPU_ISA=avx512 or
+the same; the build's flags decide which code each kernel compiles to (`path_flags`: the AVX-512 paths
+add AVX-512 BF16 where the CPU has it, for a drafter's products on Zen 4). SPECLITE_CPU_ISA=avx512 or
 avx2 caps it, so an AMX or AVX-512 machine runs (and tests) the lesser paths' kernels.
 """
 
@@ -74,7 +75,7 @@ def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
         lib, paths = None, runnable()
         # A path that does not build (a compiler older than its flags, e.g. -mamx-tile) gives way to the next.
         for path in paths[paths.index(key[1]):] if key[1] else ():
-            lib = library(source, ISAS[path][1] + vendor_flags() + FLAGS)
+            lib = library(source, path_flags(path) + vendor_flags() + FLAGS)
             if lib is not None:
                 break
         _loaded[key] = lib
@@ -114,6 +115,13 @@ def _build(compiler: str, source: Path, flags, target: Path) -> bool:
         return True
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def path_flags(path: str) -> tuple[str, ...]:
+    """An ISA path's compiler flags, with -mavx512bf16 on the AVX-512 paths where the CPU has it (gemm.h's
+    vdpbf16ps tiles for drafters, on Zen 4 and later)."""
+    bf16 = path != "avx2" and b"avx512_bf16" in _cpu_flags().split()
+    return ISAS[path][1] + (("-mavx512bf16",) if bf16 else ())
 
 
 def vendor_flags() -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 // dot products in one instruction each (marked AVX-512 below; the layouts are the same). Where it
 // also has AMX (cpu_build's amx path), the int4 and int8 products of many rows take the tiles: the
 // weights rearranged per call, the integer sums exact, so every row's numbers are the VNNI tiles'.
-// A drafter's bf16 products (Matrices::loose) take the bf16 tiles there, exact or not (see there).
+// A drafter's bf16 products (Matrices::loose) take the bf16 tiles there, exact or not (see there),
+// and vdpbf16ps on Zen 4 and later (DotBf16).
 //
 // y [M, N] = x [M, K] @ w [N, K]^T for three weight formats:
 //   int4  repacked at load for eight columns at a time (layout at Int4 below), an fp16 scale and a
@@ -777,6 +778,27 @@ struct PanelVec {
 };
 #endif
 
+// A tile's sums acc [MR][NP panels x the registers of a panel row] into rows m0.. of y [M, ldy] (dtype
+// dt; the matrix's N columns from column y0), panels p0..: a last panel's valid columns (N - 16 p of
+// them) stored one by one.
+template <int MR, int NP, class V, int C>
+inline void store_panels(void *y, int dt, int N, int ldy, int y0, int m0, int p0, const V (&acc)[MR][C]) {
+    constexpr int VP = C / NP, L = 16 / VP;
+    for (int j = 0; j < NP; j++) {
+        const int n0 = (p0 + j) * 16, valid = std::min(16, N - n0);
+        for (int i = 0; i < MR; i++) {
+            char *row = at(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0);
+            if (valid == 16) {
+                for (int v = 0; v < VP; v++) PanelVec::store(at(row, dt, v * L), dt, acc[i][j * VP + v]);
+            } else {
+                alignas(64) float out[16];
+                for (int v = 0; v < VP; v++) memcpy(out + v * L, &acc[i][j * VP + v], sizeof(V));
+                for (int c = 0; c < valid; c++) store(row, dt, c, out[c]);
+            }
+        }
+    }
+}
+
 struct Dense {
     using PV = PanelVec;
     using V = PV::V;
@@ -788,6 +810,8 @@ struct Dense {
     int dt, wdt, N, K, ldy, y0;
     bool prefetch;   // whether a row chunk's first tile prefetches the weights (see PREFETCH_ONE_ROW)
     int chunk = ROW_CHUNK;  // rows per chunk: its first tile streams the weights, the others find them in cache
+
+    int64_t row_bytes() const { return (int64_t)K * 4; }  // one row of x
 
     // Values in one panel: 16 per value of K (K rounded up to even for bf16's pairs).
     int64_t panel_values() const { return (int64_t)16 * (wdt == BF16 ? (K + 1) / 2 * 2 : K); }
@@ -811,8 +835,8 @@ struct Dense {
     }
 
     // fp32 activations against fp32, f16 or bf16 panels: fp32 FMAs, the weights widened in registers.
-    // A last panel's valid columns (N - 16 p of them) are stored one by one. Compiled on its own: inlined
-    // into the row loops, AVX2's 6 x 1 fp32 tile spilled accumulators to the stack (0.45x, Zen 4).
+    // Compiled on its own: inlined into the row loops, AVX2's 6 x 1 fp32 tile spilled accumulators to
+    // the stack (0.45x, Zen 4).
     template <int MR, int NP, int WDT, bool PF>
     __attribute__((noinline)) void tile_of(int m0, int p0) const {
         constexpr int ES = WDT == F32 ? 4 : 2;
@@ -851,36 +875,20 @@ struct Dense {
                     step(k, [&](const char *p, int v) { return PV::f16((const uint16_t *)p + off + PV::L * v); });
             }
         }
-        store_tile<MR, NP>(m0, p0, acc);
+        store_panels<MR, NP>(y, dt, N, ldy, y0, m0, p0, acc);
     }
 
-    template <int MR, int NP>
-    void store_tile(int m0, int p0, const V (&acc)[MR][NP * VP]) const {
-        for (int j = 0; j < NP; j++) {
-            const int n0 = (p0 + j) * 16, valid = std::min(16, N - n0);
-            for (int i = 0; i < MR; i++) {
-                char *row = at(y, dt, (int64_t)(m0 + i) * ldy + y0 + n0);
-                if (valid == 16) {
-                    for (int v = 0; v < VP; v++) PV::store(at(row, dt, v * PV::L), dt, acc[i][j * VP + v]);
-                } else {
-                    alignas(64) float out[16];
-                    for (int v = 0; v < VP; v++) memcpy(out + v * PV::L, &acc[i][j * VP + v], sizeof(V));
-                    for (int c = 0; c < valid; c++) store(row, dt, c, out[c]);
-                }
-            }
-        }
-    }
 };
 
 // kernel.tile<mr, NP> for mr <= MR rows.
-template <int MR, int NP>
-inline void tile_rows(const Dense &k, int m, int mr, int p) {
+template <int MR, int NP, class Kernel>
+inline void tile_rows(const Kernel &k, int m, int mr, int p) {
     up_to_rows<MR>(mr, [&](auto rows) { k.template tile<rows, NP>(m, p); });
 }
 
 // One row against panels [p0, p1): NP panels at a time (NP independent sums per lane), fewer at the end.
-template <int NP>
-inline void one_row(const Dense &k, int p0, int p1) {
+template <int NP, class Kernel>
+inline void one_row(const Kernel &k, int p0, int p1) {
     int p = p0;
     for (; p + NP <= p1; p += NP) k.template tile<1, NP>(0, p);
     if constexpr (NP > 1) {
@@ -890,10 +898,10 @@ inline void one_row(const Dense &k, int p0, int p1) {
 
 // Rows in chunks sized for MR-row tiles (chunk_rows: a chunk's first tile streams the weights, its
 // other tiles find them in cache) against panels [p0, p1), NP at a time, MR rows a tile.
-template <int MR, int NP>
-inline void many_rows(const Dense &k, int M, int p0, int p1) {
-    Dense chunked = k;
-    chunked.chunk = chunk_rows(M, (int64_t)k.K * (k.x ? 4 : 2), MR);
+template <int MR, int NP, class Kernel>
+inline void many_rows(const Kernel &k, int M, int p0, int p1) {
+    Kernel chunked = k;
+    chunked.chunk = chunk_rows(M, k.row_bytes(), MR);
     for (int c0 = 0; c0 < M; c0 += chunked.chunk) {
         const int c1 = std::min(c0 + chunked.chunk, M);
         int p = p0;
@@ -926,20 +934,7 @@ inline void run_panels(const Dense &k, int M, int p0, int p1) {
 #endif
 }
 
-#if defined(__AMX_BF16__)
-// ---- bf16 tiles for drafters (Matrices::loose) ---------------------------------------------------
-//
-// A drafter's products need not give a row the numbers it gets alone (its tokens are proposals; the
-// target's pass decides what is decoded, and its products stay exact). So where a drafter's matrix
-// is bf16 and K a multiple of 32, its products take the AMX bf16 tiles: the activations rounded to
-// bf16 once per call (nearest even), a panel's pairs (K / 2 x 16 x 2, the tiles' own order) 32 values
-// of K at a time, fp32 sums. The fp32 FMAs are compute-bound from a few rows on: the embedded pair's
-// draft head (4096 x 128) 40 -> 13 us at 10 rows, 16 -> 10 us at one (2 threads, AMX Xeon). A matrix
-// larger than AMX_BF16_CACHED streams from memory, where the FMAs' prefetched one-row products were
-// 5-7% faster below AMX_BF16_ROWS rows (4864 x 896; benchmarks/RESULTS.md, 2026-11-26 09:50- UTC).
-constexpr int AMX_BF16_ROWS = 4;
-constexpr int64_t AMX_BF16_CACHED = 2 << 20;
-
+#if defined(__AMX_BF16__) || (defined(__AVX512BF16__) && defined(SPECLITE_ZEN4))
 // Rows [0, M) of x rounded to bf16 (nearest even, as torch's float -> bf16) into the calling thread's
 // buffer, 16-row tiles whole: each thread of a team rounds them all (a few rows cost less than
 // waiting for each other at a barrier).
@@ -954,6 +949,76 @@ inline const uint16_t *bf16_rows(const void *x, int dt, int M, int K) {
     for (; j < n; j++) store(rows.data(), BF16, j, to_float(x, dt, j));
     return rows.data();
 }
+
+#endif
+
+#if defined(__AVX512BF16__) && defined(SPECLITE_ZEN4)
+// ---- vdpbf16ps tiles for drafters (Matrices::loose) on Zen 4 and later --------------------------
+//
+// Zen 4 has no AMX, but it issues vdpbf16ps (a pair of bf16 products a lane) at the rate of its
+// 512-bit FMAs: twice the products a cycle (117 against 59 GMAC/s a core, measured). So a drafter's
+// bf16 products (loose, see the AMX tiles below) take it there, K even, any number of rows: the
+// activations rounded to bf16 once per call (bf16_rows), a register of a panel's pairs of K values as
+// the panels store them, the pair of a row's activations broadcast, fp32 sums. The embedded pair's
+// drafter shapes, 2 threads: 1.03-1.05x the FMAs at one row, 1.2-1.5x at 2-12 rows; drafting an
+// iteration 1.16-1.24x faster (benchmarks/RESULTS.md, 2026-11-26 15:03- UTC). cpu_build compiles it in
+// where the CPU has AVX-512 BF16; Intel's cores run vdpbf16ps at half their FMAs' rate (5-128 rows
+// 1.3-1.7x slower than the FMAs on the AMX Xeon, see matmul_team), so Intel's avx512 path keeps the FMAs.
+#define SPECLITE_DOT_BF16 1
+
+struct DotBf16 {
+    const uint32_t *x;  // [M, K / 2] pairs of bf16 activations (bf16_rows)
+    const void *w;      // the bf16 panels (Dense), K even
+    void *y;            // [M, ldy], this matrix's N columns from column y0
+    int dt, N, K, ldy, y0;
+    int chunk = ROW_CHUNK;
+
+    int64_t row_bytes() const { return (int64_t)K * 2; }
+
+    template <int MR, int NP>
+    __attribute__((noinline)) void tile(int m0, int p0) const {
+        const int pairs = K / 2;
+        const __m512i *wp[NP];
+        for (int j = 0; j < NP; j++) wp[j] = (const __m512i *)((const uint16_t *)w + (int64_t)(p0 + j) * 16 * K);
+        const uint32_t *xm[MR];
+        for (int i = 0; i < MR; i++) xm[i] = x + (int64_t)(m0 + i) * pairs;
+        __m512 acc[MR][NP];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NP; j++) acc[i][j] = _mm512_setzero_ps();
+        for (int kp = 0; kp < pairs; kp++) {
+            __m512bh wv[NP];
+            for (int j = 0; j < NP; j++) wv[j] = (__m512bh)_mm512_loadu_si512(wp[j] + kp);
+            for (int i = 0; i < MR; i++) {
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xm[i][kp]);
+                for (int j = 0; j < NP; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xv);
+            }
+        }
+        store_panels<MR, NP>(y, dt, N, ldy, y0, m0, p0, acc);
+    }
+};
+
+// As run_panels: one row 8 panels at a time (vdpbf16ps's latency needs 6 sums in flight), 2-4 rows
+// 4 panels, more rows 12 x 2 panels.
+inline void run_dot(const DotBf16 &k, int M, int p0, int p1) {
+    if (M == 1) return one_row<8>(k, p0, p1);
+    if (M <= 4) return many_rows<4, 4>(k, M, p0, p1);
+    many_rows<12, 2>(k, M, p0, p1);
+}
+#endif
+
+#if defined(__AMX_BF16__)
+// ---- bf16 tiles for drafters (Matrices::loose) ---------------------------------------------------
+//
+// A drafter's products need not give a row the numbers it gets alone (its tokens are proposals; the
+// target's pass decides what is decoded, and its products stay exact). So where a drafter's matrix
+// is bf16 and K a multiple of 32, its products take the AMX bf16 tiles: the activations rounded to
+// bf16 once per call (nearest even), a panel's pairs (K / 2 x 16 x 2, the tiles' own order) 32 values
+// of K at a time, fp32 sums. The fp32 FMAs are compute-bound from a few rows on: the embedded pair's
+// draft head (4096 x 128) 40 -> 13 us at 10 rows, 16 -> 10 us at one (2 threads, AMX Xeon). A matrix
+// larger than AMX_BF16_CACHED streams from memory, where the FMAs' prefetched one-row products were
+// 5-7% faster below AMX_BF16_ROWS rows (4864 x 896; benchmarks/RESULTS.md, 2026-11-26 09:50- UTC).
+constexpr int AMX_BF16_ROWS = 4;
+constexpr int64_t AMX_BF16_CACHED = 2 << 20;
 
 // y[:, panels p0..p1) of one matrix for rows [0, M) of xb (bf16_rows): 16 rows at
 // a time in tmm0 (fewer rows, fewer rows multiplied), two panels in tmm2-3, their sums in tmm4-5.
@@ -1012,7 +1077,7 @@ struct Matrices {
     const int *ns;              // per part: output columns
     int n, k, wdt, group;       // n: sum of ns; wdt: dense weights' dtype; group: int4's
     const float *bias;          // [n] (zeros for a part without), or null
-    int loose;                  // a drafter's: rows may differ from their numbers alone (AMX bf16 tiles)
+    int loose;                  // a drafter's: rows may differ from their numbers alone (AMX bf16 tiles, DotBf16)
 };
 
 // y[m, c] = round(y[m, c] + bias[c]) for columns [c0, c1): as torch adds a bias of y's dtype to the
@@ -1092,6 +1157,16 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
             const uint16_t *xb = bf16_rows(x, dt, M, K);
             in_groups<16>(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
                 amx_bf16(xb, M, K, mt.w[p], y, dt, mt.ns[p], mt.n, y0, a, b);
+            });
+            sc.barrier.wait(T);
+            return;
+        }
+#endif
+#if defined(SPECLITE_DOT_BF16)
+        if (mt.loose && mt.wdt == BF16 && K % 2 == 0) {
+            const uint32_t *xb = (const uint32_t *)bf16_rows(x, dt, M, K);
+            in_groups<16>(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
+                run_dot(DotBf16{xb, mt.w[p], y, dt, mt.ns[p], K, mt.n, y0}, M, a, b);
             });
             sc.barrier.wait(T);
             return;
