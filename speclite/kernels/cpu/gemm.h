@@ -14,7 +14,9 @@
 //   int8  repacked at load (layout at Int8 below), a per-channel scale (W8A8): activations quantized
 //         per row to int8, integer dot products.
 //   dense fp32, or bf16/f16 converted to fp32 in registers (bf16 is a 16-bit shift, f16 through F16C),
-//         repacked at load into panels of 16 columns (layout at Dense below), fp32 FMAs.
+//         repacked at load into panels of 16 columns (layout at Dense below), fp32 FMAs. On Zen 4
+//         (DotBf16) bf16 weights meeting bf16 activations take vdpbf16ps instead: the same exact
+//         products, their fp32 sums in pairs.
 // x and y are fp32, bf16 or f16 (same dtype for both; y rounded to nearest even).
 //
 // Exactness (all but a drafter's loose products): the arithmetic of output (m, n) is the same
@@ -956,13 +958,15 @@ inline const uint16_t *bf16_rows(const void *x, int dt, int M, int K) {
 // ---- vdpbf16ps tiles for drafters (Matrices::loose) on Zen 4 and later --------------------------
 //
 // Zen 4 has no AMX, but it issues vdpbf16ps (a pair of bf16 products a lane) at the rate of its
-// 512-bit FMAs: twice the products a cycle (117 against 59 GMAC/s a core, measured). So a drafter's
-// bf16 products (loose, see the AMX tiles below) take it there, K even, any number of rows: the
-// activations rounded to bf16 once per call (bf16_rows), a register of a panel's pairs of K values as
-// the panels store them, the pair of a row's activations broadcast, fp32 sums. The embedded pair's
-// drafter shapes, 2 threads: 1.03-1.05x the FMAs at one row, 1.2-1.5x at 2-12 rows; drafting an
-// iteration 1.16-1.24x faster (benchmarks/RESULTS.md, 2026-11-26 15:03- UTC). cpu_build compiles it in
-// where the CPU has AVX-512 BF16; Intel's cores run vdpbf16ps at half their FMAs' rate (5-128 rows
+// 512-bit FMAs: twice the products a cycle (117 against 59 GMAC/s a core, measured). So there, K even,
+// any number of rows, bf16 weights take it for bf16 activations (exact products, as the FMAs' of the
+// widened values, summed a pair at a time into fp32: each (m, n) one sequence whatever M, so a row
+// alone still equals that row in a batch) and for a drafter's fp32 activations rounded to bf16 once
+// per call (bf16_rows; loose, see the AMX tiles below). A register holds a panel's pairs of K values
+// as the panels store them, the pair of a row's activations broadcast. 2 threads: Qwen2.5-0.5B's
+// bf16 products of 5-128 rows 1.8-2.1x the FMAs, one row 1.03-1.14x; the embedded pair's drafter
+// shapes 1.2-1.5x at 2-12 rows (benchmarks/RESULTS.md, 2026-11-26 15:03- UTC). cpu_build compiles it
+// in where the CPU has AVX-512 BF16; Intel's cores run vdpbf16ps at half their FMAs' rate (5-128 rows
 // 1.3-1.7x slower than the FMAs on the AMX Xeon, see matmul_team), so Intel's avx512 path keeps the FMAs.
 #define SPECLITE_DOT_BF16 1
 
@@ -1151,7 +1155,8 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
     } else {
         // fp32 activations are read in place; others are widened once (exact), and the team waits for
         // it. bf16 ones meeting bf16 weights in vdpbf16ps instead (a pair of products a lane) ran 5-128 row
-        // products 1.3-1.7x slower than this on the AMX Xeon (benchmarks/RESULTS.md, 2026-11-26).
+        // products 1.3-1.7x slower than this on the AMX Xeon (benchmarks/RESULTS.md, 2026-11-26), and
+        // 1.8-2.1x faster on Zen 4 (DotBf16).
 #if defined(__AMX_BF16__)
         if (mt.loose && mt.wdt == BF16 && K % 32 == 0 && (M >= AMX_BF16_ROWS || (int64_t)mt.n * K * 2 <= AMX_BF16_CACHED) && amx_ready()) {
             const uint16_t *xb = bf16_rows(x, dt, M, K);
@@ -1163,8 +1168,8 @@ inline void matmul_team(const Matrices &mt, const void *x, int dt, int M, void *
         }
 #endif
 #if defined(SPECLITE_DOT_BF16)
-        if (mt.loose && mt.wdt == BF16 && K % 2 == 0) {
-            const uint32_t *xb = (const uint32_t *)bf16_rows(x, dt, M, K);
+        if (mt.wdt == BF16 && K % 2 == 0 && (mt.loose || dt == BF16)) {
+            const uint32_t *xb = (const uint32_t *)(dt == BF16 ? x : bf16_rows(x, dt, M, K));
             in_groups<16>(mt, y, dt, M, T, t, [&](int p, int y0, int a, int b) {
                 run_dot(DotBf16{xb, mt.w[p], y, dt, mt.ns[p], K, mt.n, y0}, M, a, b);
             });
