@@ -130,6 +130,27 @@ def test_a_path_whose_build_fails_gives_way_to_the_next(monkeypatch):
     assert len(built) == 2 and "-mavx512vnni" in lib.flags and "-mamx-tile" not in lib.flags
 
 
+def test_a_compiler_without_avx512_bf16_keeps_the_avx512_path(monkeypatch):
+    if cpu_build.platform.machine() not in ("x86_64", "AMD64") or os.environ.get("SPECLITE_CPU_KERNELS", "1") == "0":
+        pytest.skip("no x86 kernels here")
+    lines = {"vendor_id": "vendor_id\t: AuthenticAMD", "flags": f"flags\t\t: fpu {AVX512_FLAGS} avx512_bf16"}
+    monkeypatch.setattr(cpu_build, "_cpu_line", lambda key: lines[key].encode())
+    built = []
+
+    def library(source, flags):  # a compiler that knows no -mavx512bf16
+        built.append(flags)
+        return None if "-mavx512bf16" in flags else types.SimpleNamespace(flags=flags)
+
+    monkeypatch.setattr(cpu_build, "library", library)
+    monkeypatch.setattr(cpu_build, "_loaded", {})
+    cpu_build.isa.cache_clear()
+    try:
+        lib = cpu_build.load("kernels.cpp", {})
+    finally:
+        cpu_build.isa.cache_clear()
+    assert len(built) == 2 and "-mavx512vnni" in lib.flags and "-mavx512bf16" not in lib.flags
+
+
 def test_kernels_build_where_the_cpu_and_compiler_allow():
     if _cpu_has_avx2() and os.environ.get("SPECLITE_CPU_KERNELS", "1") != "0":
         import shutil
