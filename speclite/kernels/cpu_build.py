@@ -11,7 +11,7 @@ of many rows, and a drafter's bf16 products, in tile multiplies, the rest as avx
 refuses the process AMX's state, the avx512 code of the same build runs), `avx512` where it has AVX-512 F/BW/VL with VNNI (Intel since
 Cascade Lake, AMD Zen 4 and later: integer dot products in one vpdpbusd), else `avx2`. The sources are
 the same; the build's flags decide which code each kernel compiles to (`path_flags`: the AVX-512 paths
-add AVX-512 BF16 where the CPU has it, for a drafter's products on Zen 4). SPECLITE_CPU_ISA=avx512 or
+add AVX-512 BF16 where the CPU has it: on Zen 4, bf16 weights times bf16 or a drafter's activations). SPECLITE_CPU_ISA=avx512 or
 avx2 caps it, so an AMX or AVX-512 machine runs (and tests) the lesser paths' kernels.
 """
 
@@ -123,7 +123,7 @@ def _build(compiler: str, source: Path, flags, target: Path) -> bool:
 
 def path_flags(path: str) -> tuple[str, ...]:
     """An ISA path's compiler flags, with -mavx512bf16 on the AVX-512 paths where the CPU has it (gemm.h's
-    vdpbf16ps tiles for drafters, on Zen 4 and later)."""
+    vdpbf16ps tiles, DotBf16, on Zen 4 and later)."""
     bf16 = path != "avx2" and b"avx512_bf16" in _cpu_flags().split()
     return ISAS[path][1] + (("-mavx512bf16",) if bf16 else ())
 

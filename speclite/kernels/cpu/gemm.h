@@ -879,7 +879,6 @@ struct Dense {
         }
         store_panels<MR, NP>(y, dt, N, ldy, y0, m0, p0, acc);
     }
-
 };
 
 // kernel.tile<mr, NP> for mr <= MR rows.
@@ -955,7 +954,7 @@ inline const uint16_t *bf16_rows(const void *x, int dt, int M, int K) {
 #endif
 
 #if defined(__AVX512BF16__) && defined(SPECLITE_ZEN4)
-// ---- vdpbf16ps tiles for drafters (Matrices::loose) on Zen 4 and later --------------------------
+// ---- vdpbf16ps tiles for bf16 weights on Zen 4 and later ------------------------------------------
 //
 // Zen 4 has no AMX, but it issues vdpbf16ps (a pair of bf16 products a lane) at the rate of its
 // 512-bit FMAs: twice the products a cycle (117 against 59 GMAC/s a core, measured). So there, K even,
