@@ -143,10 +143,12 @@ def test_a_compiler_without_avx512_bf16_keeps_the_avx512_path(monkeypatch):
 
     monkeypatch.setattr(cpu_build, "library", library)
     monkeypatch.setattr(cpu_build, "_loaded", {})
+    monkeypatch.setenv("SPECLITE_CPU_ISA", "avx512")
     cpu_build.isa.cache_clear()
     try:
         lib = cpu_build.load("kernels.cpp", {})
     finally:
+        monkeypatch.delenv("SPECLITE_CPU_ISA")
         cpu_build.isa.cache_clear()
     assert len(built) == 2 and "-mavx512vnni" in lib.flags and "-mavx512bf16" not in lib.flags
 
