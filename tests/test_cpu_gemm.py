@@ -109,24 +109,30 @@ def test_isa_paths_and_vendor_defines_follow_cpuinfo(monkeypatch, vendor, flags,
         assert ("-mavx512bf16" in cpu_build.path_flags(path)) == (bf16 and path != "avx2")
 
 
-def test_a_path_whose_build_fails_gives_way_to_the_next(monkeypatch):
-    if "amx" not in cpu_build.runnable():
-        pytest.skip("no AMX here")
+def _load_with_a_compiler_lacking(monkeypatch, flag: str, path: str) -> tuple[list, types.SimpleNamespace]:
+    """cpu_build.load for ISA path `path` where every build with `flag` fails: the flags of each
+    build tried, and the library loaded (a stand-in holding its flags)."""
     built = []
 
-    def library(source, flags):  # a compiler that knows no AMX flags
+    def library(source, flags):
         built.append(flags)
-        return None if "-mamx-tile" in flags else types.SimpleNamespace(flags=flags)
+        return None if flag in flags else types.SimpleNamespace(flags=flags)
 
     monkeypatch.setattr(cpu_build, "library", library)
     monkeypatch.setattr(cpu_build, "_loaded", {})
-    monkeypatch.setenv("SPECLITE_CPU_ISA", "amx")
+    monkeypatch.setenv("SPECLITE_CPU_ISA", path)
     cpu_build.isa.cache_clear()
     try:
-        lib = cpu_build.load("kernels.cpp", {})
+        return built, cpu_build.load("kernels.cpp", {})
     finally:
         monkeypatch.delenv("SPECLITE_CPU_ISA")
         cpu_build.isa.cache_clear()
+
+
+def test_a_path_whose_build_fails_gives_way_to_the_next(monkeypatch):
+    if "amx" not in cpu_build.runnable():
+        pytest.skip("no AMX here")
+    built, lib = _load_with_a_compiler_lacking(monkeypatch, "-mamx-tile", "amx")
     assert len(built) == 2 and "-mavx512vnni" in lib.flags and "-mamx-tile" not in lib.flags
 
 
@@ -135,21 +141,7 @@ def test_a_compiler_without_avx512_bf16_keeps_the_avx512_path(monkeypatch):
         pytest.skip("no x86 kernels here")
     lines = {"vendor_id": "vendor_id\t: AuthenticAMD", "flags": f"flags\t\t: fpu {AVX512_FLAGS} avx512_bf16"}
     monkeypatch.setattr(cpu_build, "_cpu_line", lambda key: lines[key].encode())
-    built = []
-
-    def library(source, flags):  # a compiler that knows no -mavx512bf16
-        built.append(flags)
-        return None if "-mavx512bf16" in flags else types.SimpleNamespace(flags=flags)
-
-    monkeypatch.setattr(cpu_build, "library", library)
-    monkeypatch.setattr(cpu_build, "_loaded", {})
-    monkeypatch.setenv("SPECLITE_CPU_ISA", "avx512")
-    cpu_build.isa.cache_clear()
-    try:
-        lib = cpu_build.load("kernels.cpp", {})
-    finally:
-        monkeypatch.delenv("SPECLITE_CPU_ISA")
-        cpu_build.isa.cache_clear()
+    built, lib = _load_with_a_compiler_lacking(monkeypatch, "-mavx512bf16", "avx512")
     assert len(built) == 2 and "-mavx512vnni" in lib.flags and "-mavx512bf16" not in lib.flags
 
 
