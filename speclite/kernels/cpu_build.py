@@ -75,11 +75,10 @@ def load(source: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
         lib, paths = None, runnable()
         # A path that does not build (a compiler older than its flags, e.g. -mamx-tile) gives way to the
         # next; one that builds only without AVX-512 BF16 is built without it (the FMAs instead).
-        for path in paths[paths.index(key[1]):] if key[1] else ():
-            for flags in dict.fromkeys((path_flags(path), ISAS[path][1])):
-                lib = library(source, flags + vendor_flags() + FLAGS)
-                if lib is not None:
-                    break
+        tries = [flags for path in (paths[paths.index(key[1]):] if key[1] else ())
+                 for flags in dict.fromkeys((path_flags(path), ISAS[path][1]))]
+        for flags in tries:
+            lib = library(source, flags + vendor_flags() + FLAGS)
             if lib is not None:
                 break
         _loaded[key] = lib
