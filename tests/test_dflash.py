@@ -23,7 +23,7 @@ from speclite.model.step import Wants
 from speclite.quant import quantize_model
 from speclite.speculate import RequestContext
 from speclite.speculate.dflash import DFlashProposer, load_draft
-from speclite.speculate.schedule import SpecLength
+from speclite.speculate.schedule import AdaptiveSpecLength, SpecLength
 from test_sampling_exact import VOCAB, chi_square_pvalue, exact_distributions, one_thread, sampled_counts, save_small_target
 
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)
@@ -198,14 +198,13 @@ def test_int4_target_and_int4_drafter(pair):
 
 
 def test_llm_vllm_config_draft_quant_and_auto_k(pair):
-    """vLLM's `{"method": "dflash"}` with `quantization` (--draft-quant) and `auto` k (a parallel
-    draft: its cost is charged once per iteration) is exact through LLM."""
+    """vLLM's `{"method": "dflash"}` with `quantization` (--draft-quant) and `auto` k is exact through LLM."""
     target_dir, draft_dir, _, _ = pair
     plain = LLM(target_dir, quant="int4")
     for k in (4, "auto"):
         llm = LLM(target_dir, {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": k,
                                "quantization": "int4"}, quant="int4")
-        assert llm.engine.spec.length.flat_draft if k == "auto" else True
+        assert isinstance(llm.engine.spec.length, AdaptiveSpecLength) == (k == "auto")
         for prompt in ("def add(a, b):", "the quick brown"):
             params = SamplingParams(max_new_tokens=16, ignore_eos=True)
             assert llm.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids

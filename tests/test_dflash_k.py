@@ -62,7 +62,7 @@ def test_llm_k_from_the_drafter_unless_given(pair, plain, case):
 def test_auto_and_runtime_k(pair, plain):
     """`auto` adapts up to the block (SpecConfig, not only vLLM's dict); chat's /k (set_k) keeps both rules."""
     llm = LLM(pair[0], SpecConfig("dflash", k="auto", draft=str(pair[1])))
-    assert llm.engine.spec.length.k_max == BLOCK - 1 and llm.engine.spec.length.flat_draft
+    assert llm.engine.spec.length.k_max == BLOCK - 1
     got, outs = depth(llm)
     assert got <= BLOCK - 1 and outs == plain
     llm.set_k(2)

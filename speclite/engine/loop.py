@@ -108,18 +108,30 @@ class Decoding:
                 # sampled_run); streamed after each call. Not with a stop string: the engine looks for
                 # it after every token. Declined once (no kernels for these models or device), declined
                 # for the request.
-                run = None
+                # With a proposer, plain steps (k = 0, auto's choice where speculation cannot pay) run as
+                # the target's chain too where it wants no hidden states; each iteration is charged its
+                # share of the call, for auto's table of costs. That table leaves out the iterations run
+                # one by one where calls could run them: a request's first (it times the chunk, and pays
+                # the proposer's catching up on the prompt) and the last steps too few for a chain.
+                run, timed = None, not chunked
                 if chunked and step_s:
-                    if spec is None:
+                    tried = True
+                    if k == 0 and not wants:
                         steps, vocab = min(room, int(CHUNK_S / step_s)), target.args.vocab_size
                         chain = ([] if steps < 2 else target.greedy_chain(token, cache, steps, vocab) if params.greedy
                                  else target.sampled_chain(token, cache, steps, vocab, params, generator))
-                        run = None if chain is None else [Iteration(0, 0, [t], 0.0, 0.0) for t in chain]
+                        each = (time.perf_counter() - started) / max(len(chain or ()), 1)
+                        run = None if chain is None else [Iteration(0, 0, [t], 0.0, each) for t in chain]
+                        if run and spec is not None:
+                            spec.proposer.observe(until_eos(chain, eos))
                     elif k > 0 and params.greedy:
                         run = spec.proposer.greedy_run(target, cache, token, k, room, eos, CHUNK_S)
                     elif k > 0:
                         run = spec.proposer.sampled_run(target, cache, token, k, room, eos, CHUNK_S, params, generator)
-                    chunked = run is not None
+                    else:
+                        tried = False  # plain steps one by one, with the states the proposer wants
+                    chunked = run is not None or not tried
+                    timed = run != [] or not chunked
                 if run:
                     new = [t for iteration in run for t in iteration.tokens]
                     draft_s = sum(iteration.draft_s for iteration in run)
@@ -145,14 +157,16 @@ class Decoding:
                 stats.draft_s += draft_s
                 stats.verify_s += verify_s
                 if spec is not None:
+                    # The call's time outside its iterations' own clocks (its start, the handing back of
+                    # tokens and timings) shared by them: the costs the schedule compares are wall time.
+                    extra = (verify_s + draft_s - sum(it.draft_s + it.verify_s for it in run)) / len(run)
                     for iteration in run:
-                        spec.length.observe(iteration.drafted, iteration.accepted, iteration.draft_s, iteration.verify_s)
+                        spec.length.observe(iteration.drafted, iteration.accepted,
+                                            *((iteration.draft_s, iteration.verify_s + extra) if timed else ()))
                 # A draft may carry an EOS that the target confirmed: stop right after it.
-                for i, t in enumerate(new):
-                    if t in eos:
-                        new = new[: i + 1]
-                        self.finish_reason = "stop"
-                        break
+                new = until_eos(new, eos)
+                if new[-1] in eos:
+                    self.finish_reason = "stop"
                 produced += len(new)
                 cache.rollback(start + len(new))  # what was fed after an EOS goes
                 emitted = len(new)
@@ -168,3 +182,11 @@ class Decoding:
         finally:
             if spec is not None:
                 spec.proposer.finish()
+
+
+def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """The tokens up to and including the first one in `eos` (all of them where none is)."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens

@@ -77,6 +77,6 @@ def _build(ctx: BuildContext) -> ParallelDraftProposer:
 register(Method(
     "pard", _build, "a PARD parallel draft model proposes all k drafts in one forward from k-1 mask tokens (--draft)",
     options=(MASK_TOKEN,),
-    needs_draft=True, vllm_flag=("vanilla", "parallel_drafting"), flat_draft_cost=True,
+    needs_draft=True, vllm_flag=("vanilla", "parallel_drafting"),
     in_default_sweep=False,  # the default draft of a model is an ordinary one, without a mask token
 ))

@@ -91,9 +91,6 @@ class Method:
     # drafts per iteration when --gen-num-per-cycle is not given, and auto's ceiling. None: DEFAULT_K.
     default_k: Callable[[object], int] | None = None
     in_default_sweep: bool = True  # `speclite bench` without --sp-type runs it (when its draft is known)
-    # One draft forward proposes all k (parallel drafting): `--gen-num-per-cycle auto` charges the
-    # measured draft time per iteration, not per draft.
-    flat_draft_cost: bool = False
     # (base method, key): vLLM names this method as its base method with this speculative_config
     # key set true (PARD: `{"method": "draft_model", "parallel_drafting": true}`).
     vllm_flag: tuple[str, str] | None = None

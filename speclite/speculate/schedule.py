@@ -6,6 +6,10 @@ from speclite.speculate.registry import Method
 
 DEFAULT_K = 4  # drafts per iteration when neither --gen-num-per-cycle nor the method gives a number
 AUTO_K_MAX = 8  # auto's ceiling for a method without a default k of its own
+# Plain steps run another path than speculative iterations (a chain of steps per call, no drafting's
+# picks and judging): the lines through the drafting k's put their cost at up to 1.3x the measured one
+# on the pair. Where that figure leaves plain decoding within this factor of the best k, it is measured.
+PLAIN_DOUBT = 1.5
 
 
 class SpecLength:
@@ -17,8 +21,9 @@ class SpecLength:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """One iteration: `accepted` of `proposed` drafts stood; drafting and verifying took these seconds."""
+    def observe(self, proposed: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None) -> None:
+        """One iteration: `accepted` of `proposed` drafts stood; drafting and verifying took these
+        seconds (None: an iteration whose timing says nothing of its k's cost)."""
 
     @property
     def label(self) -> str:
@@ -26,59 +31,88 @@ class SpecLength:
 
 
 class AdaptiveSpecLength(SpecLength):
-    """k that maximises expected tokens per second from the measured figures.
+    """k that maximises expected tokens per second from the measured figures, chosen once per call.
 
-    With a per-draft acceptance rate a (an exponential moving average), k drafts yield
-    (1 - a^(k+1)) / (1 - a) tokens per iteration and cost k draft steps plus one verify pass, both
-    timed; a parallel draft (`flat_draft`) costs one draft forward whatever k. k = 0 (plain
-    decoding) wins where speculation cannot pay; then a one-draft probe every `probe_every`
-    iterations keeps the estimates fresh so speculation can come back.
+    With a per-draft acceptance rate a (drafts that stood over drafts judged, up to each iteration's
+    first rejection, both sums decaying by `decay` an iteration), k drafts yield
+    (1 - a^(k+1)) / (1 - a) tokens per iteration. Their cost is measured per number of drafts offered,
+    in wall time: drafting and verifying, moving averages decaying as fast, from each k's second call
+    on (a process's first call of a kind ran 5-10x slower than the next on the pair: buffers growing,
+    pages touched). A k not measured is read off the least-squares lines through the k >= 1 that are
+    (plain steps too, but see PLAIN_DOUBT). Nothing is assumed flat: a verification's rows cost little
+    more than one where the target streams its weights from memory, and over half a step each where
+    its products are compute-bound (the embedded pair on Zen 4's fp32 FMAs, where no k pays);
+    drafting grows by a forward per draft autoregressively, slowly for a parallel drafter.
+
+    The first calls draft k_max, then half as many (two points for the lines), then none where plain
+    decoding might win; from then on each k the lines pick gets measured in turn. A figure not
+    measured again within `forget_after` calls is forgotten (a slow spell of a shared machine must
+    not rule a k out for good) and measured again when needed. Where plain decoding wins, every
+    `probe_every` calls one call drafts the best k >= 1, so speculation can come back.
     """
 
-    def __init__(self, k_max: int = AUTO_K_MAX, decay: float = 0.8, probe_every: int = 16, flat_draft: bool = False):
+    def __init__(self, k_max: int = AUTO_K_MAX, decay: float = 0.95, probe_every: int = 16, forget_after: int = 32):
         super().__init__(k_max)
-        self.k_max, self.decay, self.probe_every, self.flat_draft = k_max, decay, probe_every, flat_draft
-        self.accept = 0.7  # optimistic start: speculate until measured otherwise
-        self.draft_step_s: float | None = None  # per draft, or per iteration when flat_draft
-        self.verify_s: float | None = None
-        self.since_probe = 0
+        self.k_max, self.decay, self.probe_every, self.forget_after = k_max, decay, probe_every, forget_after
+        self.judged, self.stood = 2.0, 1.4  # optimistic start (0.7, worth two drafts): speculate until measured otherwise
+        self.costs: dict[int, tuple[float, float, int]] = {}  # drafts offered -> (drafting s, verifying s, call)
+        self.first_call: dict[int, int] = {}  # drafts offered -> the call that first ran them
+        self.calls = 0
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else self.decay * old + (1 - self.decay) * new
+    def observe(self, proposed: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None) -> None:
+        # A k's first call warms it up: its timings are not kept.
+        if draft_s is not None and self.first_call.setdefault(proposed, self.calls) < self.calls:
+            old, d = self.costs.get(proposed), self.decay
+            self.costs[proposed] = ((draft_s, verify_s, self.calls) if old is None else
+                                    (d * old[0] + (1 - d) * draft_s, d * old[1] + (1 - d) * verify_s, self.calls))
+        if proposed:  # each offered draft up to and including the first rejection was judged
+            self.judged = self.decay * self.judged + min(accepted + 1, proposed)
+            self.stood = self.decay * self.stood + accepted
 
-    def observe(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        self.verify_s = self._ema(self.verify_s, verify_s)
-        if proposed:
-            self.draft_step_s = self._ema(self.draft_step_s, draft_s if self.flat_draft else draft_s / proposed)
-            # Acceptance of each offered draft up to and including the first rejection.
-            offered = min(accepted + 1, proposed)
-            for i in range(offered):
-                self.accept = self._ema(self.accept, 1.0 if i < accepted else 0.0)
-        self.k = self._best_k()
+    @property
+    def accept(self) -> float:
+        return self.stood / self.judged
 
-    def _best_k(self) -> int:
-        if self.draft_step_s is None or self.verify_s is None:
-            return self.k_max
-        a = min(self.accept, 0.999)
-        best_k, best_rate = 0, 1.0 / self.verify_s
-        for k in range(1, self.k_max + 1):
-            draft_s = self.draft_step_s if self.flat_draft else k * self.draft_step_s
-            rate = ((1 - a ** (k + 1)) / (1 - a)) / (draft_s + self.verify_s)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
+    def cost(self, k: int) -> float:
+        """Seconds of an iteration of k drafts, drafting and verifying: the measured figure, else the
+        lines' through the k >= 1 measured (or in proportion to the one; k = 0: verifying only)."""
+        if k in self.costs:
+            return self.costs[k][0] + self.costs[k][1]
+        drafted = sorted(j for j in self.costs if j > 0)
+        if len(drafted) == 1:
+            j = drafted[0]
+            return self.costs[j][0] * k / j + self.costs[j][1] * (k + 1) / (j + 1)
+        draft = _line(drafted, [self.costs[j][0] for j in drafted], k) if k else 0.0
+        return max(draft, 0.0) + max(_line(drafted, [self.costs[j][1] for j in drafted], k), 1e-9)
 
     def next_k(self) -> int:
-        if self.k == 0:
-            self.since_probe += 1
-            if self.since_probe >= self.probe_every:
-                self.since_probe = 0
-                return 1
+        self.calls += 1
+        self.costs = {k: c for k, c in self.costs.items() if self.calls - c[2] <= self.forget_after}
+        drafted = [k for k in self.costs if k > 0]
+        if not drafted:
+            self.k = self.k_max
+        elif len(drafted) == 1 and self.k_max > 1:  # a second point for the lines
+            self.k = drafted[0] // 2 if drafted[0] > 1 else 2
+        else:
+            a = min(self.accept, 0.999)
+            rate = {k: ((1 - a ** (k + 1)) / (1 - a)) / self.cost(k) for k in range(self.k_max + 1)}
+            self.k = max(rate, key=rate.get)
+            if 0 not in self.costs and PLAIN_DOUBT * rate[0] >= rate[self.k]:
+                self.k = 0  # plain steps might win: measured, not taken from the lines
+            if self.k == 0 and self.calls % self.probe_every == 0:
+                return max(range(1, self.k_max + 1), key=rate.get)
         return self.k
 
     @property
     def label(self) -> str:
         return f"auto({self.k})"
+
+
+def _line(xs: list[int], ys: list[float], x: int) -> float:
+    """The least-squares line through (xs, ys) (two or more distinct xs), at x."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
+    return my + slope * (x - mx)
 
 
 def spec_length(k: int | str | None, method: Method, proposer) -> SpecLength:
@@ -90,5 +124,5 @@ def spec_length(k: int | str | None, method: Method, proposer) -> SpecLength:
         return SpecLength(method.fixed_k)
     own = method.default_k(proposer) if method.default_k is not None else None
     if k == "auto":
-        return AdaptiveSpecLength(k_max=own or AUTO_K_MAX, flat_draft=method.flat_draft_cost)
+        return AdaptiveSpecLength(k_max=own or AUTO_K_MAX)
     return SpecLength(k if k is not None else own or DEFAULT_K)

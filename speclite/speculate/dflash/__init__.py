@@ -40,6 +40,6 @@ def _build(ctx: BuildContext) -> DFlashProposer:
 
 register(Method(
     "dflash", _build, "a DFlash drafter proposes a block of k drafts in one forward from the target's states (--draft DIR)",
-    options=(MASK_TOKEN,), needs_draft=True, draft_is_model=False, needs_target=True, flat_draft_cost=True,
+    options=(MASK_TOKEN,), needs_draft=True, draft_is_model=False, needs_target=True,
     in_default_sweep=False, default_k=lambda proposer: proposer.draft.block_size - 1, random_draft=random_drafter,
 ))
