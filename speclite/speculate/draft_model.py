@@ -64,12 +64,9 @@ class DraftModelProposer(Proposer):
         self.ctx = ctx
         common = shared_prefix(self.tokens[: self.cache.length], prompt_ids)
         self.cache.rollback(common)
+        # The prompt waits for the first proposal: where `auto` decodes plainly, the draft never reads
+        # it (a request's first iteration is not in auto's costs, so that prefill is not either).
         self.tokens = list(prompt_ids)
-        # The prompt's prefill here, as the target's: not in the first proposal's time, which the k
-        # schedule reads as the cost of drafting (`auto` fell to k = 0 for whole requests).
-        if self.cache.length < len(prompt_ids) - 1:
-            with torch.inference_mode():
-                self.model(torch.tensor(prompt_ids[self.cache.length : -1], device=ctx.device), self.cache, num_logits=1)
 
     def _next_logits(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, device=self.ctx.device)
