@@ -26,7 +26,7 @@ from speclite.model.narrow import narrow
 from speclite.sampling import SamplingParams
 from speclite.errors import SpecliteError
 from speclite.speculate import BuildContext, build_proposer, get_method
-from speclite.speculate.schedule import spec_length
+from speclite.speculate.schedule import SpecLength, spec_length
 
 
 @dataclass
@@ -105,6 +105,7 @@ class Runner:
         # One proposer per method, shared by every k and quant (k is asked per iteration), so the
         # draft's KV cache and its captured CUDA graphs exist once.
         self.proposers = {}
+        self.lengths: dict[BenchConfig, SpecLength] = {}  # each configuration's schedule (_speculation)
         for c in configs:
             if c.method != "plain" and c.method not in self.proposers:
                 self.proposers[c.method] = self._proposer(c)
@@ -146,7 +147,11 @@ class Runner:
             return None
         proposer = self.proposers[config.method]
         cfg = config.spec_config(self.method_options)
-        return Speculation(proposer, spec_length(cfg.k, get_method(cfg.method), proposer), cfg.verify, cfg.accept_policy)
+        # One schedule per configuration for the whole run (warm-up included), as a session's LLM keeps
+        # its own across requests: `auto` learns the machine's costs, not the prompts' answers.
+        if config not in self.lengths:
+            self.lengths[config] = spec_length(cfg.k, get_method(cfg.method), proposer)
+        return Speculation(proposer, self.lengths[config], cfg.verify, cfg.accept_policy)
 
     def _resident_bytes(self, config: BenchConfig) -> int:
         """Weights plus preallocated KV caches of the models this configuration uses."""
