@@ -747,13 +747,7 @@ struct PanelVec {
     static V odd(const uint16_t *p) {
         return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32((int)0xFFFF0000u)));
     }
-    static void store(void *y, int dt, V v) {
-        if (dt == F32) return _mm512_storeu_ps(y, v);
-        if (dt == F16) return _mm256_storeu_si256((__m256i *)y, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-        __m512i u = _mm512_castps_si512(v);  // store()'s rounding to bf16, lane by lane
-        u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-        _mm256_storeu_si256((__m256i *)y, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
-    }
+    static void store(void *y, int dt, V v) { store16(y, dt, v); }
 };
 #else
 // 8 fp32 lanes: two registers per panel row.
@@ -769,14 +763,7 @@ struct PanelVec {
     static V odd(const uint16_t *p) {
         return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi32((int)0xFFFF0000u)));
     }
-    static void store(void *y, int dt, V v) {
-        if (dt == F32) return _mm256_storeu_ps((float *)y, v);
-        if (dt == F16) return _mm_storeu_si128((__m128i *)y, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-        __m256i u = _mm256_castps_si256(v);
-        u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
-        u = _mm256_srli_epi32(u, 16);
-        _mm_storeu_si128((__m128i *)y, _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
-    }
+    static void store(void *y, int dt, V v) { store8(y, dt, v); }
 };
 #endif
 

@@ -609,6 +609,21 @@ inline void attend_pass(const void *cache_k, const void *cache_v, int64_t base, 
 #undef SPECLITE_PASS
 }
 
+// RoPE of one head's d values (dtype DT) with the tables' row from c, into fp32 dst, W lanes at a time:
+// x cos - x' sin for the first half (x' the second half's), x cos + x' sin for the second. The scalar
+// loop's products and sums, so its numbers; it was 0.37 us of a one-row attention's 4.1 (the pair's
+// layer, one thread, Zen 4; benchmarks/RESULTS.md, 2026-11-26 17:13-).
+template <int DT>
+inline void rope_lanes(const void *head, const void *cos, const void *sin, int64_t c, int d, float *dst) {
+    using L = Lanes;
+    const int half = d / 2;
+    for (int e = 0; e < half; e += L::W) {
+        const L::V x1 = L::template load<DT>(head, e), x2 = L::template load<DT>(head, e + half);
+        L::store(dst + e, L::sub(L::mul(x1, L::template load<DT>(cos, c + e)), L::mul(x2, L::template load<DT>(sin, c + e))));
+        L::store(dst + e + half, L::add(L::mul(x2, L::template load<DT>(cos, c + e + half)), L::mul(x1, L::template load<DT>(sin, c + e + half))));
+    }
+}
+
 // One attention layer's work after the q/k/v projections, for t new tokens, run by a team:
 //   qkv [t, (H + 2 Hkv) d] the projections (q heads, then k, then v), cos/sin [t, d] the RoPE tables;
 //   the rotated keys and the values are written to cache_k/cache_v [Hkv, max_len, d] at slots
@@ -632,6 +647,11 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
             rms_norm_row(head, norm, normed.data(), dt, 0, d, eps);
             head = normed.data();
         }
+        if (half % Lanes::W == 0) {
+            if (dt == F32) return rope_lanes<F32>(head, cos, sin, (int64_t)i * d, d, dst);
+            if (dt == BF16) return rope_lanes<BF16>(head, cos, sin, (int64_t)i * d, d, dst);
+            return rope_lanes<F16>(head, cos, sin, (int64_t)i * d, d, dst);
+        }
         for (int e = 0; e < d; e++) {
             const float x = to_float(head, dt, e), other = to_float(head, dt, e < half ? e + half : e - half);
             dst[e] = x * to_float(cos, dt, (int64_t)i * d + e) + (e < half ? -other : other) * to_float(sin, dt, (int64_t)i * d + e);
@@ -642,8 +662,8 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
         const int i = task / Hkv, h = task % Hkv;
         const int64_t slot = ((int64_t)h * max_len + start + i) * d;
         rope(i, (H + h) * d, qk_norm ? qk_norm[1] : nullptr, q.data());
-        for (int e = 0; e < d; e++) store(cache_k, dt, slot + e, q[e]);
-        for (int e = 0; e < d; e++) store(cache_v, dt, slot + e, to_float(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d + e));
+        store_row(cache_k, dt, slot, d, q.data());
+        memcpy(at(cache_v, dt, slot), at(qkv, dt, (int64_t)i * width + (H + Hkv + h) * d), (size_t)d * (dt == F32 ? 4 : 2));
     }
     bar.wait(team::size());  // the keys and values are in the cache
     if (d <= PASS_MAX_D) {  // a KV head's queries in passes (Pass above); unit u: KV head u / (t group), then row, then head
@@ -668,7 +688,7 @@ inline void attention_team(const void *qkv, const void *cos, const void *sin, vo
             else
                 attend_pass<F16>(cache_k, cache_v, base, d, scale, qs.data(), rows, nq, mask, L, start, sc.data(), ld, accs.data(), outs.data());
             for (int qi = 0; qi < nq; qi++)
-                for (int e = 0; e < d; e++) store(out, dt, (int64_t)rows[qi] * H * d + heads[qi] * d + e, outs[qi * d + e]);
+                store_row(out, dt, (int64_t)rows[qi] * H * d + heads[qi] * d, d, outs.data() + qi * d);
             u += nq;
         }
         bar.wait(team::size());

@@ -65,6 +65,34 @@ inline void store(void *y, int dt, int64_t i, float v) {
     }
 }
 
+// 8 values rounded to dt, each as store() rounds it, into y.
+inline void store8(void *y, int dt, __m256 v) {
+    if (dt == F32) return _mm256_storeu_ps((float *)y, v);
+    if (dt == F16) return _mm_storeu_si128((__m128i *)y, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    __m256i u = _mm256_castps_si256(v);
+    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    u = _mm256_srli_epi32(u, 16);
+    _mm_storeu_si128((__m128i *)y, _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+}
+
+#if defined(__AVX512F__)
+// 16 values rounded to dt, each as store() rounds it, into y.
+inline void store16(void *y, int dt, __m512 v) {
+    if (dt == F32) return _mm512_storeu_ps(y, v);
+    if (dt == F16) return _mm256_storeu_si256((__m256i *)y, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    __m512i u = _mm512_castps_si512(v);
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    _mm256_storeu_si256((__m256i *)y, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+}
+#endif
+
+// n fp32 values of v rounded to dt into y[i, i + n): widen()'s way back, store() by store().
+inline void store_row(void *y, int dt, int64_t i, int n, const float *v) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8) store8(at(y, dt, i + j), dt, _mm256_loadu_ps(v + j));
+    for (; j < n; j++) store(y, dt, i + j, v[j]);
+}
+
 // v rounded to the dtype and back: what storing it and reading it again gives.
 inline float round_to(int dt, float v) {
     if (dt == F32) return v;
