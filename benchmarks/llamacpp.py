@@ -226,6 +226,11 @@ def machine() -> str:
     flags = set(next((line for line in info.splitlines() if line.startswith("flags")), "").split())
     isa = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "amx_bf16")
            if f in flags]
+    return f"{name}; ISA {' '.join(isa)}; copy bandwidth {copy_bandwidth():.1f} GB/s (read+write); {os.cpu_count()} CPUs"
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a 256 MB copy, read + written, the best of five."""
     a = torch.empty(256 << 20, dtype=torch.uint8).fill_(1)
     b = torch.empty_like(a)
     times = []
@@ -233,8 +238,7 @@ def machine() -> str:
         start = time.perf_counter()
         b.copy_(a)
         times.append(time.perf_counter() - start)
-    bandwidth = 2 * a.numel() / min(times) / 1e9  # bytes read + written
-    return f"{name}; ISA {' '.join(isa)}; copy bandwidth {bandwidth:.1f} GB/s (read+write); {os.cpu_count()} CPUs"
+    return 2 * a.numel() / min(times) / 1e9
 
 
 def median(xs):
@@ -307,6 +311,7 @@ def main():
         llama_bench(bins, ggufs[kind], args.threads, "decode", args.depth)
         contexts[label] = context[:2] if FALLBACKS.get((ggufs[kind].name, "decode")) == 1 else context  # -d 0
     for r in range(args.rounds):
+        record("copy", copy_bandwidth())
         for label, _, kind in rows:
             record(f"{label}/speclite/decode", speclite_decode(models[label], contexts[label], 64))
             record(f"{label}/llama/decode", llama_bench(bins, ggufs[kind], args.threads, "decode", args.depth))
@@ -333,6 +338,14 @@ def main():
         p, lp = m[f"{label}/speclite/prefill"], m[f"{label}/llama/prefill"]
         print(f"| {label} vs {kind.upper().replace('-PURE', ' (pure)')} | {d:.1f} | {ld:.1f} | {d / ld:.2f} "
               f"| {p:.0f} | {lp:.0f} | {p / lp:.2f} |")
+    # A shared machine's memory bandwidth can move between rounds, and the decode rows with it: each
+    # round's ratios beside the copy bandwidth it started with (a Zen 4 VM: 0.98-1.04x bf16 at 32-35 GB/s,
+    # 1.16-1.18x at ~50; benchmarks/RESULTS.md, 2026-11-26 17:13-).
+    if rows:
+        print("\nper round, decode ratio by the round's copy bandwidth: " + "; ".join(
+            f"{bw:.0f} GB/s " + " ".join(f"{label} {results[f'{label}/speclite/decode'][r] / results[f'{label}/llama/decode'][r]:.2f}"
+                                         for label, _, _ in rows)
+            for r, bw in enumerate(results["copy"])))
     for (name, mode), i in sorted(FALLBACKS.items()):
         print(f"\nllama.cpp's {mode} of {name} ran as `llama-bench {' '.join(bench_tries(mode, args.depth)[i])}`"
               f"{' (speclite decoded after 1 token of context there)' if mode == 'decode' and i == 1 else ''}: "
