@@ -110,10 +110,10 @@ class Decoding:
                 # for the request.
                 # With a proposer, plain steps (k = 0, auto's choice where speculation cannot pay) run as
                 # the target's chain too where it wants no hidden states; each iteration is charged its
-                # share of the call, for auto's table of costs. That table leaves out the iterations run
-                # one by one where calls could run them: a request's first (it times the chunk, and pays
-                # the proposer's catching up on the prompt) and the last steps too few for a chain.
-                run, timed = None, not chunked
+                # share of the call, for auto's table of costs. That table leaves out a request's first
+                # iteration (it pays the proposer's catching up on the prompt) and, where calls could run
+                # them, the iterations run one by one (the last steps too few for a chain).
+                run, timed = None, step_s is not None and not chunked
                 if chunked and step_s:
                     tried = True
                     if k == 0 and not wants:
