@@ -114,7 +114,9 @@ def test_proposals_equal_the_draft_run_from_scratch(pard):
     rng = random.Random(3)
     seq = [rng.randrange(vocab) for _ in range(7)]
     proposer.begin(list(seq), RequestContext(SamplingParams(), torch.Generator(), torch.device("cpu")))
-    assert proposer.cache.length == 0  # the prompt waits for the first proposal (plain steps never pay for it)
+    assert proposer.cache.length == 0  # the prompt waits for the loop's first drafting call (catch_up)
+    proposer.catch_up()
+    assert proposer.cache.length == len(seq) - 1  # the last token's logits are the first proposal's
     for _ in range(12):
         k = rng.randrange(1, 9)
         drafts = proposer.propose(k).tokens

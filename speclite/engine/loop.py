@@ -100,6 +100,8 @@ class Decoding:
                 if room <= 0:
                     return
                 k = min(spec.length.next_k(), room - 1) if spec is not None else 0
+                if k > 0:
+                    spec.proposer.catch_up()
                 started, start = time.perf_counter(), cache.length
                 # Once an iteration is timed: about CHUNK_S of iterations in one call where the CPU
                 # kernels can, without Python between them (the tokens of iterations one by one): plain
@@ -111,8 +113,8 @@ class Decoding:
                 # With a proposer, plain steps (k = 0, auto's choice where speculation cannot pay) run as
                 # the target's chain too where it wants no hidden states; each iteration is charged its
                 # share of the call, for auto's table of costs. That table leaves out a request's first
-                # iteration (it pays the proposer's catching up on the prompt) and, where calls could run
-                # them, the iterations run one by one (the last steps too few for a chain).
+                # iteration (one by one, to time the chunk) and, where calls could run them, the
+                # iterations run one by one (the last steps too few for a chain).
                 run, timed = None, step_s is not None and not chunked
                 if chunked and step_s:
                     tried = True

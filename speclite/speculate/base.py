@@ -88,6 +88,12 @@ class Proposer(ABC):
     def propose(self, k: int) -> Proposal:
         """Up to k drafts following the sequence seen so far (fewer, or none, is fine)."""
 
+    def catch_up(self) -> None:
+        """Read what the sequence holds that this proposer has not read yet, before the loop times a
+        call that drafts (a draft model: the prompt, and the tokens decoded plainly since it last
+        drafted): drafting's time is then drafting's, and a request decoded plainly never pays for
+        it. Nothing by default."""
+
     wants: Wants = NOTHING  # hidden states of the target this proposer drafts from
 
     @abstractmethod

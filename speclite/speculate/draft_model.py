@@ -64,9 +64,13 @@ class DraftModelProposer(Proposer):
         self.ctx = ctx
         common = shared_prefix(self.tokens[: self.cache.length], prompt_ids)
         self.cache.rollback(common)
-        # The prompt waits for the first proposal: where `auto` decodes plainly, the draft never reads
-        # it (a request's first iteration is not in auto's costs, so that prefill is not either).
-        self.tokens = list(prompt_ids)
+        self.tokens = list(prompt_ids)  # read in catch_up, where the loop first drafts
+
+    def catch_up(self) -> None:
+        if self.cache.length < len(self.tokens) - 1:  # the last token's logits are the first proposal's
+            with torch.inference_mode():
+                self.model(torch.tensor(self.tokens[self.cache.length : -1], device=self.ctx.device), self.cache,
+                           num_logits=1)
 
     def _next_logits(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, device=self.ctx.device)

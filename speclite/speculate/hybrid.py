@@ -45,6 +45,9 @@ class HybridProposer(Proposer):
         for proposer in (self.model, *self.fillers.values()):
             proposer.begin(prompt_ids, ctx)
 
+    def catch_up(self) -> None:
+        self.model.catch_up()
+
     def propose(self, k: int) -> Proposal:
         head = self.model.propose(min(self.steps, k)) if self.steps and k else Proposal([])
         tokens, parts = list(head.tokens), [(self.model_name, len(head.tokens))]
