@@ -14,6 +14,7 @@ from speclite.kernels import cpu_gemm, cpu_layer_ops
 from speclite.model.loader import load_model
 from speclite.model.step import Tree, Wants
 from speclite.quant.quantize import quantize_model
+from speclite.sampling import SamplingParams
 
 needs_kernels = pytest.mark.skipif(not cpu_layer_ops.available(), reason="no AVX2 CPU or no C++ compiler here")
 
@@ -113,6 +114,37 @@ def test_greedy_chain_equals_greedy_steps_one_by_one(isa, model_dirs, dtype, qua
     assert caches[0].length == caches[1].length == 15
     for (k0, v0), (k1, v1) in zip(caches[0].layers, caches[1].layers):
         assert torch.equal(k0[:, :15], k1[:, :15]) and torch.equal(v0[:, :15], v1[:, :15])
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_chain_keeps_the_states_of_the_steps_one_by_one(isa, model_dirs, dtype, temperature):
+    # Plain decoding's chunk under a proposer that drafts from the target's states (auto's k = 0):
+    # every fed row's layer inputs, last layer output and final normed state, as single steps feeding
+    # the same tokens give them; greedy, the tokens are those steps' argmax.
+    model = load_model(model_dirs["qwen2"], device="cpu", dtype=dtype)
+    g = torch.Generator().manual_seed(11)
+    head = torch.randn(model.lm_head.weight.shape, generator=g).to(dtype)  # not tied: no echo of the input
+    model.lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
+    vocab, n = model.args.vocab_size, model.args.num_layers
+    wants = Wants(final=True, layers=tuple(range(n + 1)))
+    params = SamplingParams(temperature=temperature, max_new_tokens=9)
+    prompt = torch.randint(0, vocab, (6,), generator=g)
+    caches = [model.new_cache(24), model.new_cache(24)]
+    with torch.inference_mode():
+        for cache in caches:
+            model.step(prompt, cache, 1)
+        token = int(prompt[-1])
+        tokens, states = model.chain(token, caches[1], 9, vocab, params, torch.Generator().manual_seed(3), wants)
+        steps = [model.step(torch.tensor([t]), caches[0], wants=wants) for t in [token] + tokens[:-1]]
+    assert len(set(tokens)) > 1 and caches[0].length == caches[1].length == 15
+    if temperature == 0:
+        assert tokens == [int(torch.argmax(s.logits[-1])) for s in steps]
+    assert torch.equal(states.final, torch.cat([s.final for s in steps]))
+    assert sorted(states.layers) == list(range(n + 1))
+    for i in range(n + 1):
+        assert torch.equal(states.layers[i], torch.cat([s.layers[i] for s in steps])), i
 
 
 @needs_kernels

@@ -92,23 +92,23 @@ def test_plain_sampled_chunks_equal_the_steps_one_by_one(isa, model_dirs, quant,
     as the loop's steps one by one (each warped and drawn in Python), for every warp, an EOS
     mid-chunk included."""
     target = LLM(str(model_dirs["qwen2"]), quant=quant).target
-    calls, real = [], Transformer.sampled_chain
+    calls, real = [], Transformer.chain
 
     def counting(self, *args):
         out = real(self, *args)
-        calls.append(0 if out is None else len(out))
+        calls.append(0 if out is None else len(out[0]))
         return out
 
     prompt = [5, 9, 2, 77, 31]
     for i, (t, top_k, top_p) in enumerate(WARPS):
         params = SamplingParams(max_new_tokens=40, temperature=t, top_k=top_k, top_p=top_p, seed=i)
         with monkeypatch.context() as m:
-            m.setattr(Transformer, "sampled_chain", counting)
+            m.setattr(Transformer, "chain", counting)
             ours, _ = decode_all(target, prompt, params)
         assert sum(calls) > 1, calls  # tokens came from C chains
         calls.clear()
         with monkeypatch.context() as m:
-            m.setattr(Transformer, "sampled_chain", lambda *a: None)
+            m.setattr(Transformer, "chain", lambda *a: None)
             theirs, _ = decode_all(target, prompt, params)
             eos = {theirs[25]}
             cut, _ = decode_all(target, prompt, params, eos=eos)
@@ -120,7 +120,7 @@ def test_plain_sampled_chunks_equal_the_steps_one_by_one(isa, model_dirs, quant,
 def test_a_declined_chain_draws_nothing(small):
     cache, gen = small.new_cache(8), torch.Generator().manual_seed(4)
     state = gen.get_state()
-    assert small.sampled_chain(3, cache, 9, VOCAB, SamplingParams(temperature=1.0), gen) is None  # past the cache
+    assert small.chain(3, cache, 9, VOCAB, SamplingParams(temperature=1.0), gen) is None  # past the cache
     assert torch.equal(gen.get_state(), state) and cache.length == 0
 
 
@@ -129,10 +129,10 @@ def test_sampled_chunks_follow_the_target_distribution(small, name):
     """The second and third tokens come from one C chain (the first step is the loop's): their joint
     distribution is the target's exact warped one (chi-square against float64 math)."""
     params, samples = SETTINGS[name], 2500
-    calls, real = [], Transformer.sampled_chain
+    calls, real = [], Transformer.chain
     counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(Transformer, "sampled_chain", lambda self, *a: calls.append(1) or real(self, *a))
+        m.setattr(Transformer, "chain", lambda self, *a: calls.append(1) or real(self, *a))
         for i in range(samples):
             request = SamplingParams(max_new_tokens=3, temperature=params.temperature, top_k=params.top_k,
                                      top_p=params.top_p, seed=7000 + i)

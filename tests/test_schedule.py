@@ -140,23 +140,33 @@ class Alternating(SpecLength):
         return 0 if self.calls % 2 else self.k
 
 
-@pytest.mark.parametrize("method,temperature", [("pard", 0.0), ("vanilla", 0.0), ("pard", 0.8)])
+DRAFTS = {"pard": "tiny-code-pard", "vanilla": "tiny-code-draft", "eagle3": "tiny-code-eagle3",
+          "dflash": "tiny-code-dflash"}
+
+
+@pytest.mark.parametrize("method,temperature", [("pard", 0.0), ("vanilla", 0.0), ("pard", 0.8), ("eagle3", 0.0),
+                                                ("eagle3", 0.8), ("dflash", 0.0)])
 def test_plain_calls_keep_the_proposer_in_step(method, temperature, monkeypatch):
     """Plain calls under a proposer (auto's k = 0) run as the target's chain and the proposer sees
-    their tokens: greedy output is plain decoding's, the proposer's sequence is the request's, and
-    the drafts after plain calls still land."""
+    their tokens, and the target's states where it drafts from them (EAGLE-3, DFlash): greedy output
+    is plain decoding's, the proposer's sequence is the request's, and the drafts after plain calls
+    still land."""
     monkeypatch.setattr(loop, "CHUNK_S", 0.003)  # calls of ten-odd steps: several of both kinds
-    draft = "tiny-code-pard" if method == "pard" else "tiny-code-draft"
-    llm = LLM("tiny-code", SpecConfig(method, k=3, draft=draft))
+    llm = LLM("tiny-code", SpecConfig(method, k=3, draft=DRAFTS[method]))
     params = SamplingParams(max_new_tokens=200, ignore_eos=True, temperature=temperature, seed=1)
     prompt = "def add(a, b):"
     steady = llm.generate(prompt, params)[0].aux_info["accept_rate"]
     llm.engine.spec.length = Alternating(3)
     chains = []
     target = llm.engine.target
-    for name in ("greedy_chain", "sampled_chain"):
-        run = getattr(target, name)
-        monkeypatch.setattr(target, name, lambda *a, run=run, **kw: chains.append(run(*a, **kw)) or chains[-1])
+    run = target.chain
+
+    def spy(*args):
+        out = run(*args)
+        chains.append(out[0])
+        return out
+
+    monkeypatch.setattr(target, "chain", spy)
     out = llm.generate(prompt, params)[0]
     assert len(chains) >= 3 and sum(map(len, chains)) >= 30  # the plain calls ran as chains, not step by step
     if temperature == 0:

@@ -179,11 +179,13 @@ def test_adaptive_k_keeps_its_k_on_every_request_of_a_batch(pair, plain_outputs,
     length, asked = llm.engine.spec.length, []
     next_k = length.next_k
     monkeypatch.setattr(length, "next_k", lambda: asked.append(next_k()) or asked[-1])
-    for prompt in PROMPTS[:4]:
-        # The advice is the answer itself: free drafts, all accepted; k must stay high throughout
-        # (how high, timings on a shared machine decide: a 9-row pass once measured 6x a 5-row one).
+    for i, prompt in enumerate(PROMPTS[:4]):
+        # The advice is the answer itself: free drafts, all accepted; k must stay high on every request
+        # after the first, which explores (k_max, half of it, and a call of plain steps, a chain of
+        # tokens, where its timings leave doubt; how high, timings on a shared machine decide: a 9-row
+        # pass once measured 6x a 5-row one).
         out = llm.generate(prompt, GREEDY, {"sp_advice_ids": plain_outputs[prompt], "sp_edit": 1})[0]
         assert out.token_ids == plain_outputs[prompt]
-        assert out.aux_info["avg_tokens_per_iter"] >= 3, (prompt, out.aux_info)
+        assert i == 0 or out.aux_info["avg_tokens_per_iter"] >= 3, (prompt, out.aux_info)
     later = asked[len(asked) // 2:]
     assert sum(later) / len(later) >= 4, asked

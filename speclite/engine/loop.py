@@ -94,6 +94,7 @@ class Decoding:
             # May iterations run in calls of their own: plain decoding, argmax verification or rejection
             # sampling (not a debugging policy's, nor another verifier's).
             chunked = not params.stop and (spec is None or verifier is (greedy if params.greedy else rejection))
+            declined = set()  # the kinds of call ("plain", "speculative") declined for this request
             eos = set() if params.ignore_eos else request.eos_ids
             while True:
                 room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
@@ -108,32 +109,33 @@ class Decoding:
                 # steps as the target's chain (greedy, or sampled with the generator's next uniforms),
                 # speculative iterations where the proposer runs them with the target (greedy_run,
                 # sampled_run); streamed after each call. Not with a stop string: the engine looks for
-                # it after every token. Declined once (no kernels for these models or device), declined
-                # for the request.
+                # it after every token. Declined once (no kernels for these models or device, a tree),
+                # that kind of call is declined for the request; the other kind may still run.
                 # With a proposer, plain steps (k = 0, auto's choice where speculation cannot pay) run as
-                # the target's chain too where it wants no hidden states; each iteration is charged its
-                # share of the call, for auto's table of costs. That table leaves out a request's first
-                # iteration (one by one, to time the chunk) and, where calls could run them, the
-                # iterations run one by one (the last steps too few for a chain).
-                run, timed = None, step_s is not None and not chunked
-                if chunked and step_s:
-                    tried = True
-                    if k == 0 and not wants:
+                # the target's chain too, keeping the states the proposer wants; each iteration is
+                # charged its share of the call, for auto's table of costs. That table leaves out a
+                # request's first iteration (one by one, to time the chunk) and, where calls could run
+                # them, the iterations run one by one (the last steps too few for a chain).
+                run, timed, kind = None, step_s is not None, "speculative" if k else "plain"
+                if chunked and step_s and kind not in declined:
+                    if k == 0:
                         steps, vocab = min(room, int(CHUNK_S / step_s)), target.args.vocab_size
-                        chain = ([] if steps < 2 else target.greedy_chain(token, cache, steps, vocab) if params.greedy
-                                 else target.sampled_chain(token, cache, steps, vocab, params, generator))
-                        each = (time.perf_counter() - started) / max(len(chain or ()), 1)
-                        run = None if chain is None else [Iteration(0, 0, [t], 0.0, each) for t in chain]
-                        if run and spec is not None:
-                            spec.proposer.observe(until_eos(chain, eos))
-                    elif k > 0 and params.greedy:
+                        chained = (target.chain(token, cache, steps, vocab, params, generator, wants) if steps > 1
+                                   else ([], None))
+                        if chained is not None:
+                            chain, states = chained
+                            each = (time.perf_counter() - started) / max(len(chain), 1)
+                            run = [Iteration(0, 0, [t], 0.0, each) for t in chain]
+                            if run and spec is not None:
+                                new = until_eos(chain, eos)  # the states of the rows that fed them
+                                spec.proposer.observe(new, states.select(list(range(len(new)))) if wants else None)
+                    elif params.greedy:
                         run = spec.proposer.greedy_run(target, cache, token, k, room, eos, CHUNK_S)
-                    elif k > 0:
-                        run = spec.proposer.sampled_run(target, cache, token, k, room, eos, CHUNK_S, params, generator)
                     else:
-                        tried = False  # plain steps one by one, with the states the proposer wants
-                    chunked = run is not None or not tried
-                    timed = run != [] or not chunked
+                        run = spec.proposer.sampled_run(target, cache, token, k, room, eos, CHUNK_S, params, generator)
+                    if run is None:
+                        declined.add(kind)
+                    timed = run != []
                 if run:
                     new = [t for iteration in run for t in iteration.tokens]
                     draft_s = sum(iteration.draft_s for iteration in run)

@@ -205,20 +205,27 @@ def decoder_layers(layers: Layers, x: torch.Tensor, cos: torch.Tensor, sin: torc
 
 
 def chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int, warp=None,
-          uniforms: torch.Tensor | None = None) -> list[int]:
+          uniforms: torch.Tensor | None = None, wants: tuple[int, ...] = (), final: bool = False):
     """`steps` tokens after `token`, in one call and one thread team: the token embedded and run
     through the whole model (a Decoder) at cache position start, the pick from its first `vocab`
     logits fed at start + 1, and so on; the cache gains `steps` entries. The pick is the argmax, or
     with `warp` (a cpu_sampling.Warp) the draw with uniforms[i] (float32 [steps]) from the logits'
-    warp. The tokens k single decoder_layers steps and the loop's picks would give."""
+    warp. The tokens k single decoder_layers steps and the loop's picks would give, {i: layer i's
+    inputs [steps, H]} for i in `wants` (as decoder_layers'), and the final normed states [steps, H]
+    where `final` (else None), row r the r-th token fed (`token`, then the picks but the last)."""
     tokens = (ctypes.c_int * steps)()
     rope = start * decoder.rope_row
     warp_at, uniforms_at, _ = _sampling(warp, uniforms)  # (the chain takes one uniform a step)
+    n, H = decoder.n, decoder.keep[1].shape[1]
+    captured = {i: torch.empty(steps, H, dtype=decoder.dtype) for i in wants}
+    normed = torch.empty(steps, H, dtype=decoder.dtype) if final else None
+    states = (_P * (n + 1))(*(captured[i].data_ptr() if i in captured else None for i in range(n + 1)))
     _library().speclite_chain(
-        decoder.layers, decoder.n, decoder.head, decoder.embed, decoder.edt, token, decoder.caches_k, decoder.caches_v,
+        decoder.layers, n, decoder.head, decoder.embed, decoder.edt, token, decoder.caches_k, decoder.caches_v,
         DTYPES[decoder.dtype], decoder.cos + rope, decoder.sin + rope, decoder.max_len, start, decoder.scale, vocab,
-        warp_at, uniforms_at, steps, tokens, torch.get_num_threads())
-    return list(tokens)
+        warp_at, uniforms_at, steps, tokens, states, None if normed is None else normed.data_ptr(),
+        torch.get_num_threads())
+    return list(tokens), captured, normed
 
 
 def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.Tensor | None, tokens: list[int],
@@ -349,7 +356,7 @@ SIGNATURES = {
     "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
                                 ctypes.POINTER(Head), _I, _P, _P, _I],
     "speclite_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _P, _P, _I,
-                       ctypes.POINTER(ctypes.c_int), _I],
+                       ctypes.POINTER(ctypes.c_int), _P, _P, _I],
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
     "speclite_draft_iterations": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I,

@@ -449,26 +449,29 @@ class Transformer(nn.Module):
         the next token and is fed, and so on (the cache gains `steps` entries). One C call on the CPU
         where its kernels take the whole model, the embedding and head included; None where they do
         not (or a sliding window or an embedding hook asks for the step-by-step path): the caller
-        then steps. A draft model's greedy chain and plain greedy decoding's chunks, without Python
-        between their tokens."""
-        return self._chain(token, cache, steps, vocab, None, None)
+        then steps. A draft model's greedy chain, without Python between its tokens."""
+        chained = self._chain(token, cache, steps, vocab, None, None, NOTHING)
+        return None if chained is None else chained[0]
 
-    def sampled_chain(self, token: int, cache: KVCache, steps: int, vocab: int, params: SamplingParams,
-                      generator: torch.Generator) -> list[int] | None:
-        """As greedy_chain, each token drawn from the warp (params) of the first `vocab` logits with the
-        next uniform of `generator`, as speclite.sampling.pick draws it on the CPU: plain sampled
-        decoding's chunks. Where it declines, nothing is drawn."""
-        warp = cpu_sampling.Warp.of(params)
-        return self._chain(token, cache, steps, vocab, warp, generator)
+    def chain(self, token: int, cache: KVCache, steps: int, vocab: int, params: SamplingParams,
+              generator: torch.Generator, wants: Wants = NOTHING) -> tuple[list[int], Step] | None:
+        """Plain decoding's chunks: as greedy_chain where params is greedy, else each token drawn from
+        the warp (params) of the first `vocab` logits with the next uniform of `generator`, as
+        speclite.sampling.pick draws it on the CPU; and the states `wants` names of every row fed
+        (`token`, then the tokens but the last; the Step's logits empty), for a proposer that drafts
+        from them. Where it declines (as greedy_chain), nothing is drawn."""
+        warp = None if params.greedy else cpu_sampling.Warp.of(params)
+        return self._chain(token, cache, steps, vocab, warp, generator, wants)
 
-    def _chain(self, token, cache, steps, vocab, warp, generator) -> list[int] | None:
+    def _chain(self, token, cache, steps, vocab, warp, generator, wants):
         start, whole = cache.length, self.kernel_decoder(cache)
         if whole is None or start + steps > cache.max_len:
             return None
         drawn = None if warp is None else uniforms(generator, steps)
-        tokens = cpu_layer_ops.chain(whole, token, start, vocab, steps, warp, drawn)
+        tokens, layers, final = cpu_layer_ops.chain(whole, token, start, vocab, steps, warp, drawn, wants.layers,
+                                                    wants.final)
         cache.length = start + steps
-        return tokens
+        return tokens, Step(self.model.norm.weight.new_empty((0, self.args.vocab_size)), final, layers)
 
     def kernel_decoder(self, cache: KVCache) -> cpu_layer_ops.Decoder | None:
         """The whole model, embedding and head included, for C calls that run several forwards with

@@ -37,13 +37,13 @@ class StaticDecoder:
         return self.step(tokens, cache, num_logits).logits
 
     def greedy_chain(self, token: int, cache: KVCache, steps: int, vocab: int) -> None:
-        """Declines (see Transformer.greedy_chain): plain greedy decoding then runs its fixed-shape
-        steps one by one, each a graph replay on CUDA."""
+        """Declines (see Transformer.greedy_chain): a static draft then runs its fixed-shape steps one
+        by one, each a graph replay on CUDA."""
         return None
 
-    def sampled_chain(self, token: int, cache: KVCache, steps: int, vocab: int, params, generator) -> None:
-        """Declines (see Transformer.sampled_chain), drawing nothing: plain sampled decoding then runs
-        its fixed-shape steps one by one."""
+    def chain(self, token: int, cache: KVCache, steps: int, vocab: int, params, generator, wants=None) -> None:
+        """Declines (see Transformer.chain), drawing nothing: plain decoding then runs its fixed-shape
+        steps one by one, each a graph replay on CUDA."""
         return None
 
     def kernel_decoder(self, cache: KVCache) -> None:

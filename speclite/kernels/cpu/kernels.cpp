@@ -513,25 +513,32 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, c
 // first `vocab` logits is tokens[0] and is fed at start + 1, and so on: the cache gains n entries.
 // The pick is the argmax (the first of equal maxima, a NaN counting as the largest, as
 // torch.argmax), or where `warp` is set the draw with uniforms[i] from the logits' warp (Pick). A
-// draft model's chain, or plain decoding, without a return to Python per token.
+// draft model's chain, or plain decoding, without a return to Python per token. Plain decoding under
+// a proposer that drafts from the target's states keeps them for every fed row (the token, then
+// tokens[0..steps-2]): states[i] [steps, H], where not null, layer i's inputs (states[n]: the last
+// layer's outputs), and normed [steps, H], where not null, the final normed states.
 void speclite_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int edt, int token,
                     void *const *caches_k, void *const *caches_v, int dt, const void *cos, const void *sin, int max_len,
                     int start, float scale, int vocab, const Warp *warp, const float *uniforms, int steps, int *tokens,
-                    int threads) {
+                    void *const *states, void *normed, int threads) {
     Model model{layers, n, head, layer_buffers, scratch, layer_states};
     model.reserve(1, 1, dt);
     const int H = layers[0]->o->n, d = layers[0]->head_dim, V = head->mats->n;
     const int64_t es = dt == F32 ? 4 : 2;
     std::vector<char> x(es * H), out(es * H), logits(es * V);
-    std::vector<void *> captures(n + 1, nullptr);
+    std::vector<void *> captures(n + 1, nullptr);  // this step's rows of `states` (thread 0's)
     Pick pick{warp};
     embed_row(x.data(), dt, embed, edt, token, H);
     team::run(threads, [&] {
         for (int i = 0; i < steps; i++) {
             const Step st{dt, 1, (const char *)cos + es * d * i, (const char *)sin + es * d * i, nullptr, max_len,
                           start + i, start + i + 1, scale};
-            model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1, nullptr, logits.data());
+            if (team::id() == 0)
+                for (int l = 0; l < n; l++) captures[l] = states[l] ? (char *)states[l] + es * H * i : nullptr;
+            model.forward_team(st, x.data(), nullptr, out.data(), captures.data(), caches_k, caches_v, 1,
+                               normed ? (char *)normed + es * H * i : nullptr, logits.data());
             if (team::id() == 0) {
+                if (states[n]) memcpy((char *)states[n] + es * H * i, out.data(), es * H);
                 tokens[i] = pick(logits.data(), dt, std::min(vocab, V), warp ? uniforms[i] : 0.f);
                 embed_row(x.data(), dt, embed, edt, tokens[i], H);
             }
