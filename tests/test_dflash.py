@@ -56,6 +56,24 @@ def target(pair):
     return load_model(pair[0], "cpu", torch.float32)
 
 
+def test_states_wait_for_a_call_that_drafts(target, pair, monkeypatch):
+    """Plain steps under the drafter (auto's k = 0) leave the target's states unfused: a request
+    decoded plainly never runs fc; fused before a call drafts, they are the context rows one forward
+    over the whole sequence gives."""
+    p = proposer(target, pair[1])
+    real, fused = p.draft.fuse, []
+    monkeypatch.setattr(p.draft, "fuse", lambda x: fused.append(len(x)) or real(x))
+    prompt = PROMPTS[2]
+    out, stats = generate(target, prompt, Speculation(p, SpecLength(0)))
+    assert out == generate(target, prompt)[0] and stats.proposed == 0
+    assert fused == [] and p.pending.shape[0] == 0 and len(p.waiting) >= 2
+    with torch.inference_mode():
+        whole = target.step(torch.tensor(prompt + out[:-1]), target.new_cache(64), wants=p.wants)
+        expected = p._context(whole)
+    p.catch_up()
+    assert p.waiting == [] and torch.equal(p.pending, expected)
+
+
 def test_proposals_equal_the_reference_block_from_scratch(target, pair):
     """After every iteration the drafter's cache holds the context of exactly the committed
     positions: each proposal equals the float64 reference run on the target's states of the whole
@@ -123,6 +141,7 @@ def run_loop(target, spec, prompt, eos, max_new, warp: dict | None = None):
     cache, p = target.new_cache(96), spec.proposer
     params = SamplingParams(max_new_tokens=max_new, **({"seed": 1, **warp} if warp else {}))
     out, stats = decode_all(target, prompt, params, spec, eos=eos, cache=cache)
+    p.catch_up()  # the states still waiting to be fused
     n = p.cache.length
     rows = [(kc[:, :n].clone(), vc[:, :n].clone()) for kc, vc in p.cache.layers]
     return out, stats, cache.length, list(p.tokens), n, p.pending.clone(), rows

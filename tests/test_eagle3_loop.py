@@ -58,6 +58,36 @@ def proposer(target, head_dir, quant=None, **tree):
 
 
 @pytest.mark.parametrize("layout", ["specforge", "speculators"])
+def test_states_wait_for_a_call_that_drafts(target, heads, layout, monkeypatch):
+    """Plain steps under the head (auto's k = 0) leave the target's states unfused: a request decoded
+    plainly never runs fc. Fused before a call drafts, they are the rows one forward over the whole
+    sequence gives, and the drafts land as before."""
+    p = proposer(target, heads / layout)
+    spec = Speculation(p, SpecLength(0))
+    real, fused = p.head.fuse, []
+    monkeypatch.setattr(p.head, "fuse", lambda x: fused.append(len(x)) or real(x))
+    prompt = PROMPTS[1]
+    out, stats = generate(target, prompt, spec)
+    assert out == generate(target, prompt)[0] and stats.proposed == 0
+    assert fused == [] and p.pending is None and len(p.waiting) >= 2
+    with torch.inference_mode():
+        whole = target.step(torch.tensor(prompt + out[:-1]), target.new_cache(64), wants=p.wants)
+        expected = p._states(whole)
+    p.catch_up()
+    assert p.waiting == [] and torch.equal(p.pending, expected)
+    spec.length = SpecLength(3)
+    continued = prompt + out
+    out2, _ = generate(target, continued, spec)  # the states standing from the request before
+    q = proposer(target, heads / layout)
+    fresh, _ = generate(target, continued, Speculation(q, SpecLength(3)))
+    assert out2 == fresh == generate(target, continued)[0]
+    for each in (p, q):
+        each.catch_up()
+    assert p.committed == q.committed > len(continued) and torch.equal(p.pending, q.pending)
+    assert all(torch.equal(a[:, : q.committed], b[:, : q.committed]) for a, b in zip(p.cache.layers[0], q.cache.layers[0]))
+
+
+@pytest.mark.parametrize("layout", ["specforge", "speculators"])
 def test_greedy_chain_identical_to_plain(target, heads, layout):
     plain = {i: generate(target, p)[0] for i, p in enumerate(PROMPTS)}
     for k in (1, 2, 3, 5, 8):
@@ -87,6 +117,7 @@ def run_loop(target, spec, prompt, eos, max_new, warp: dict | None = None):
     with torch.inference_mode():
         run = decode(target, cache, Request(prompt, params, eos_ids=eos), spec)
         out = [t for new in run for t in new]
+    p.catch_up()  # the states still waiting to be fused
     rows = [x[:, : p.committed].clone() for x in p.cache.layers[0]]
     return out, run.stats, cache.length, list(p.tokens), p.committed, p.pending.clone(), rows
 

@@ -33,6 +33,11 @@ class Step:
     final: torch.Tensor | None = None  # [T, H] when Wants.final
     layers: dict[int, torch.Tensor] = field(default_factory=dict)  # layer index -> [T, H]
 
+    @property
+    def rows(self) -> int:
+        """How many rows its states have (at least one of final and layers is set)."""
+        return (self.final if self.final is not None else next(iter(self.layers.values()))).shape[0]
+
     def select(self, rows: list[int] | torch.Tensor) -> "Step":
         """The hidden states of these rows only (the tokens that stood), logits left out. The first n
         rows (a chain's accepted prefix) are views; other rows are gathered."""

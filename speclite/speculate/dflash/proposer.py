@@ -35,12 +35,13 @@ class DFlashProposer(Proposer):
         norm = draft.model.norm.weight
         self.none = torch.empty(0, draft.args.hidden_size, dtype=norm.dtype, device=norm.device)
         self.pending = self.none  # context rows of positions cache.length.., not yet injected
+        self.waiting: list[Step] = []  # the states of the positions after pending's, not fused yet (catch_up)
 
     def resident(self) -> tuple[list, list]:
         return [self.draft], [self.cache]
 
     def reset(self) -> None:
-        self.tokens, self.pending = [], self.none
+        self.tokens, self.pending, self.waiting = [], self.none, []
         self.cache.rollback(0)
 
     def _standing(self, prompt_ids: list[int]) -> tuple[int, int]:
@@ -49,7 +50,11 @@ class DFlashProposer(Proposer):
         (the block's first row)."""
         stand = min(shared_prefix(self.tokens, prompt_ids), len(prompt_ids) - 1)
         entries = min(self.cache.length, stand)
-        return entries, min(self.pending.shape[0], stand - entries)
+        return entries, min(self._rows(), stand - entries)
+
+    def _rows(self) -> int:
+        """The states known past the cache's entries: fused (pending), then waiting."""
+        return self.pending.shape[0] + sum(w.rows for w in self.waiting)
 
     def states_from(self, prompt_ids: list[int]) -> int:
         return sum(self._standing(prompt_ids))
@@ -57,7 +62,9 @@ class DFlashProposer(Proposer):
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
         entries, rows = self._standing(prompt_ids)
-        self.pending = self.pending[:rows]
+        if rows > self.pending.shape[0]:
+            self.catch_up()  # waiting states that stand
+        self.pending, self.waiting = self.pending[:rows], []
         self.cache.rollback(entries)
         self.tokens = list(prompt_ids)
         if ctx.prompt_states is not None:  # the prefill's rows: prompt positions prompt_from..
@@ -69,9 +76,14 @@ class DFlashProposer(Proposer):
         self.tokens.extend(tokens)
 
     def _take(self, states: Step, first: int) -> None:
-        """Context rows from the target's states of positions first.. join the pending rows."""
-        with torch.inference_mode():
-            fused = self.draft.fuse(cpu_layer_ops.cat([states.layers[i + 1] for i in self.draft.target_layers], dim=-1))
+        """Context rows from the target's states of positions first..: following the rows known, they
+        wait to be fused until drafting needs them (catch_up); from an earlier position, fused now,
+        they replace the rows from there on."""
+        if first == self.cache.length + self._rows():
+            self.waiting.append(states)
+            return
+        self.catch_up()
+        fused = self._context(states)
         known = self.cache.length + self.pending.shape[0]
         if first > known:
             raise ValueError(f"DFlash states from position {first} leave a gap after {known}")
@@ -81,11 +93,25 @@ class DFlashProposer(Proposer):
         else:
             self.pending = cpu_layer_ops.cat([self.pending[: first - self.cache.length], fused], dim=0)
 
+    def _context(self, states: Step) -> torch.Tensor:
+        """Context rows (fc, hidden_norm) from the target's states."""
+        with torch.inference_mode():
+            return self.draft.fuse(cpu_layer_ops.cat([states.layers[i + 1] for i in self.draft.target_layers], dim=-1))
+
+    def catch_up(self) -> None:
+        """The waiting states fused onto the pending rows: before a call that drafts, outside its
+        clock, so that a request decoded plainly never pays for it."""
+        if self.waiting:
+            fused = [self._context(w) for w in self.waiting]
+            self.waiting = []
+            self.pending = cpu_layer_ops.cat([self.pending, *fused], dim=0)
+
     def kernel_run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         """On the CPU, target and drafter whole in the kernels: the iterations in one C call (the
         context's injection, the block's forward and argmaxes or draws, the target's pass capturing the
         layers the drafter reads, the acceptance or rejection sampling, fc and hidden_norm over the stood
         rows). [] where the pending rows do not reach the last token (the loop's own iteration then)."""
+        self.catch_up()
         theirs = target.kernel_decoder(cache)
         ours = None if theirs is None else self.draft.kernel_decoder(self.pending, self.cache, self.embed, self.lm_head)
         if ours is None or theirs.dtype != self.pending.dtype:
@@ -107,6 +133,7 @@ class DFlashProposer(Proposer):
         return run
 
     def propose(self, k: int) -> Proposal:
+        self.catch_up()
         start = len(self.tokens) - 1  # the last committed token's position: the block's first row
         need = start - self.cache.length  # context rows to inject first
         k = min(k, self.draft.block_size - 1, self.cache.max_len - start - 1)

@@ -41,6 +41,7 @@ class Eagle3Proposer(Proposer):
         self.tokens: list[int] = []
         self.committed = 0  # head-cache entries that are the target's pairs (the rest are drafts)
         self.pending: torch.Tensor | None = None  # fused states of positions committed.. not yet in the cache
+        self.waiting: list[Step] = []  # the states of the positions after pending's, not fused yet (catch_up)
 
     def _wants(self) -> Wants:
         return Wants(layers=tuple(sorted(set(self.head.aux_layers))))  # the inputs of these target layers
@@ -53,7 +54,7 @@ class Eagle3Proposer(Proposer):
         return [self.head], [self.cache]
 
     def reset(self) -> None:
-        self.tokens, self.committed, self.pending = [], 0, None
+        self.tokens, self.committed, self.pending, self.waiting = [], 0, None, []
         self.cache.rollback(0)
 
     def _standing(self, prompt_ids: list[int]) -> tuple[int, int]:
@@ -62,8 +63,12 @@ class Eagle3Proposer(Proposer):
         position, before it joins the cache) while its position's token and those before are."""
         common = shared_prefix(self.tokens, prompt_ids)
         entries = min(self.committed, max(common - 1, 0))
-        pending = 0 if self.pending is None or entries < self.committed else self.pending.shape[0]
+        pending = 0 if entries < self.committed else self._rows()
         return entries, max(min(pending, common - entries), 0)
+
+    def _rows(self) -> int:
+        """The states known past the committed entries: fused (pending), then waiting."""
+        return (0 if self.pending is None else self.pending.shape[0]) + sum(w.rows for w in self.waiting)
 
     def states_from(self, prompt_ids: list[int]) -> int:
         return sum(self._standing(prompt_ids))
@@ -72,7 +77,9 @@ class Eagle3Proposer(Proposer):
         self.ctx = ctx
         self.committed, rows = self._standing(prompt_ids)
         self.cache.rollback(self.committed)
-        self.tokens, self.pending = list(prompt_ids), self.pending[:rows] if rows else None
+        if rows > (0 if self.pending is None else self.pending.shape[0]):
+            self.catch_up()  # waiting states that stand
+        self.tokens, self.pending, self.waiting = list(prompt_ids), self.pending[:rows] if rows else None, []
         if ctx.prompt_states is not None:  # the prefill's rows: prompt positions prompt_from..
             self._take(ctx.prompt_states, ctx.prompt_from)
 
@@ -83,7 +90,13 @@ class Eagle3Proposer(Proposer):
         self.tokens.extend(tokens)
 
     def _take(self, states: Step, first: int) -> None:
-        """The head's inputs from the target's states of positions first.. join the pending rows."""
+        """The target's states of positions first..: following the rows known, they wait to be fused
+        until drafting needs them (catch_up); from an earlier position, fused now, they replace the
+        rows from there on."""
+        if first == self.committed + self._rows():
+            self.waiting.append(states)
+            return
+        self.catch_up()
         with torch.inference_mode():
             fused = self._states(states)
         if first > self.committed + (0 if self.pending is None else self.pending.shape[0]):
@@ -96,6 +109,15 @@ class Eagle3Proposer(Proposer):
             kept = self.pending[: first - self.committed] if self.pending is not None else fused[:0]
             self.pending = cpu_layer_ops.cat([kept, fused], dim=0)
 
+    def catch_up(self) -> None:
+        """The waiting states fused (fc over each row's layer inputs) onto the pending rows: before a
+        call that drafts, outside its clock, so that a request decoded plainly never pays for it."""
+        if self.waiting:
+            with torch.inference_mode():
+                fused = [self._states(w) for w in self.waiting]
+            self.waiting = []
+            self.pending = cpu_layer_ops.cat(fused if self.pending is None else [self.pending, *fused], dim=0)
+
     def kernel_run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
         """On the CPU, target and head whole in the kernels and a chain asked for: the iterations in one
         C call, the head's chain (its pending pairs first; sampled: drawn from the head's warps over
@@ -104,6 +126,7 @@ class Eagle3Proposer(Proposer):
         next states (fc over the stood rows' captures, or MTP's final normed states) each time. []
         where the pending rows are not all pairs yet, or the pairs start at a position whose embedding
         the head zeroes (the loop's own iteration then)."""
+        self.catch_up()
         head = self.head
         theirs = None if self.topk != 1 else target.kernel_decoder(cache)  # (the embedding is the target's)
         layers = None if theirs is None or self.pending is None else head.cpu_layers(self.pending)
@@ -146,6 +169,7 @@ class Eagle3Proposer(Proposer):
 
     def propose(self, k: int) -> Proposal:
         # Pending rows whose next token is known are the target's pairs: they join the committed cache.
+        self.catch_up()
         c = self.committed
         n_pairs = 0 if self.pending is None else min(self.pending.shape[0], len(self.tokens) - 1 - c)
         room = self.cache.max_len - c - n_pairs
