@@ -176,16 +176,17 @@ def test_adaptive_k_keeps_its_k_on_every_request_of_a_batch(pair, plain_outputs,
     request's totals (which once drove k to 0 from the second request on)."""
     monkeypatch.setattr(loop, "CHUNK_S", 0.001)  # calls of a few iterations: auto decides once per call
     llm = spec_llm(pair, "deterministic", "auto")
+    # Plain steps one by one, as this proposer's iterations run: on this tiny target a C chain of plain
+    # steps costs about what a Python iteration of nine free drafts does, and either may then win.
+    monkeypatch.setattr(llm.engine.target, "chain", lambda *args: None)
     length, asked = llm.engine.spec.length, []
     next_k = length.next_k
     monkeypatch.setattr(length, "next_k", lambda: asked.append(next_k()) or asked[-1])
-    for i, prompt in enumerate(PROMPTS[:4]):
-        # The advice is the answer itself: free drafts, all accepted; k must stay high on every request
-        # after the first, which explores (k_max, half of it, and a call of plain steps, a chain of
-        # tokens, where its timings leave doubt; how high, timings on a shared machine decide: a 9-row
-        # pass once measured 6x a 5-row one).
+    for prompt in PROMPTS[:4]:
+        # The advice is the answer itself: free drafts, all accepted; k must stay high throughout
+        # (how high, timings on a shared machine decide: a 9-row pass once measured 6x a 5-row one).
         out = llm.generate(prompt, GREEDY, {"sp_advice_ids": plain_outputs[prompt], "sp_edit": 1})[0]
         assert out.token_ids == plain_outputs[prompt]
-        assert i == 0 or out.aux_info["avg_tokens_per_iter"] >= 3, (prompt, out.aux_info)
+        assert out.aux_info["avg_tokens_per_iter"] >= 3, (prompt, out.aux_info)
     later = asked[len(asked) // 2:]
     assert sum(later) / len(later) >= 4, asked
