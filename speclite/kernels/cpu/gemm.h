@@ -211,7 +211,8 @@ inline void amx_store(int32_t (*sums)[256]) {
 
 // Rows from which the products take the tiles (benchmarks/RESULTS.md, 0.5B shapes, 2 threads).
 // int8: at 9 rows 1.1-1.5x the VNNI tiles, at 5 even, at 2 slower (rearranging the weights costs what
-// streaming them does); 128 rows 3.8-4.7x. int4: each 32-block's sums still meet their float scale
+// streaming them does); 128 rows 3.8-4.7x (measured against the two-column VNNI tiles before tile8,
+// which are 1.5-2.4x faster on Zen 4: not measured on an AMX machine since). int4: each 32-block's sums still meet their float scale
 // one by one, so the tiles pay later: 24 rows 1.05-1.35x, 16 even, 128 rows 1.6-1.7x.
 constexpr int AMX_INT8_ROWS = 8, AMX_INT4_ROWS = 24;
 #endif
@@ -606,8 +607,69 @@ struct Int8 {
                       (float)(hsum_i32(acc[i][c]) - offset(m0 + i)) * (dx[m0 + i] * ws[n + c]));
     }
 
+#if defined(__AVX512VNNI__)
+    // GCC keeps _mm512_dpbusd_epi32's __m512i sums of a tile in registers only with a copy and a stack
+    // store for each product (4x slower); as its own vectors of int32 they stay put.
+#if defined(__clang__)
+    using I32x16 = __m512i;
+    static inline __attribute__((always_inline)) I32x16 dot_add(I32x16 acc, __m512i u, __m512i s) { return _mm512_dpbusd_epi32(acc, u, s); }
+#else
+    typedef int I32x16 __attribute__((vector_size(64)));
+    static inline __attribute__((always_inline)) I32x16 dot_add(I32x16 acc, __m512i u, __m512i s) {
+        return __builtin_ia32_vpdpbusd_v16si(acc, (I32x16)u, (I32x16)s);
+    }
+#endif
+
+    // Rows m0..m0+MR-1 (MR <= 6), the 8 columns of group cg: a block's 256 bytes of weights, in four
+    // registers of two columns each (a column's 32 bytes, 8 quads of K, in each half), serve every row,
+    // whose 32 activations are broadcast to both halves; each lane sums one column's quad of every
+    // block, and the 8 lanes of a column are added once, at the end (reduce8). Two columns a tile
+    // with a horizontal sum for each row and column took 22% of vpdpbusd's peak at 128 rows.
+    template <int MR>
+    __attribute__((noinline)) void tile8(int m0, int cg) const {
+        const int nb = Kp / 32;
+        const int8_t *wg = w + (int64_t)cg * nb * 256;
+        const int8_t *xm[MR];
+        for (int i = 0; i < MR; i++) xm[i] = xq + (int64_t)(m0 + i) * Kp;
+        I32x16 acc[MR][4];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < 4; j++) acc[i][j] = (I32x16)_mm512_setzero_si512();
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        for (int b = 0; b < nb; b++) {
+            __m512i wv[4];
+            for (int j = 0; j < 4; j++) wv[j] = _mm512_xor_si512(_mm512_loadu_si512(wg + (int64_t)b * 256 + 64 * j), flip);
+            for (int i = 0; i < MR; i++) {
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xm[i] + b * 32)));
+                for (int j = 0; j < 4; j++) acc[i][j] = dot_add(acc[i][j], wv[j], xv);
+            }
+        }
+        for (int i = 0; i < MR; i++) {
+            const __m256i sums = reduce8((__m512i)acc[i][0], (__m512i)acc[i][1], (__m512i)acc[i][2], (__m512i)acc[i][3]);
+            epilogue(m0 + i, cg, _mm256_sub_epi32(sums, _mm256_set1_epi32(offset(m0 + i))));
+        }
+    }
+
+    // Column c's total in lane c, from aj: column 2j's 8 partial sums in lanes 0-7, column 2j + 1's
+    // in lanes 8-15. Adjacent lanes added three times (fold: x's pairs in the low half, y's in the
+    // high one), the columns' partials staying side by side.
+    static inline __m256i reduce8(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        auto fold = [&](__m512i x, __m512i y) {
+            return _mm512_add_epi32(_mm512_permutex2var_epi32(x, even, y), _mm512_permutex2var_epi32(x, odd, y));
+        };
+        const __m512i r = fold(fold(a0, a1), fold(a2, a3));
+        return _mm512_castsi512_si256(fold(r, r));
+    }
+#endif
+
     void epilogue(int m, int cg, __m256i sums) const {
         const int cols = std::min(8, N - cg * 8);
+        if (cols == 8) {  // (the same operations, stored 8 at a time)
+            const __m256 scale = _mm256_loadu_ps(ws + cg * 8);
+            return store8(at(y, dt, (int64_t)m * ldy + y0 + cg * 8), dt,
+                          _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_set1_ps(dx[m]), scale)));
+        }
         alignas(32) float scale[8] = {};
         for (int l = 0; l < cols; l++) scale[l] = ws[cg * 8 + l];
         alignas(32) float out[8];
@@ -690,7 +752,8 @@ struct Int8 {
     }
 #endif
 
-    // Column groups [g0, g1): one row streams every group once; many rows take 4 at a time.
+    // Column groups [g0, g1): one row streams every group once; many rows take 6 at a time (AVX-512:
+    // tile8, 1.5-2.4x the two-column tiles on Zen 4, 2-128 rows, 0.5B shapes), 4 (AVX2).
     void run(int M, int g0, int g1) const {
 #if defined(__AMX_INT8__)
         if (M >= AMX_INT8_ROWS && amx_ready()) return run_amx(M, g0, g1);
@@ -699,22 +762,27 @@ struct Int8 {
             for (int cg = g0; cg < g1; cg++) row8(0, cg);
             return;
         }
+#if defined(__AVX512VNNI__)
+        for (int c0 = 0, chunk = chunk_rows(M, Kp, 6); c0 < M; c0 += chunk) {
+            const int c1 = std::min(c0 + chunk, M);
+            for (int cg = g0; cg < g1; cg++) {
+                int m = c0;
+                for (; m + 6 <= c1; m += 6) tile8<6>(m, cg);
+                if (m < c1) up_to_rows<5>(c1 - m, [&](auto rows) { tile8<rows>(m, cg); });
+            }
+        }
+#else
         const int chunk = chunk_rows(M, Kp, 4);
         for (int c0 = 0; c0 < M; c0 += chunk) {
             const int c1 = std::min(c0 + chunk, M);
             for (int n = g0 * 8; n < std::min(N, g1 * 8); n += 2) {
                 int m = c0;
-#if defined(__AVX512F__)
-                if (c1 - c0 <= 6) {  // a verification's k + 1 rows in one tile: each weight loaded once
-                    up_to_rows<6>(c1 - c0, [&](auto rows) { tile<rows>(m, n, true); });
-                    continue;
-                }
-#endif
                 for (; m + 4 <= c1; m += 4) tile<4>(m, n, m == c0);
                 for (; m + 2 <= c1; m += 2) tile<2>(m, n, m == c0);
                 for (; m < c1; m++) tile<1>(m, n, m == c0);
             }
         }
+#endif
     }
 };
 
