@@ -211,9 +211,10 @@ inline void amx_store(int32_t (*sums)[256]) {
 
 // Rows from which the products take the tiles (benchmarks/RESULTS.md, 0.5B shapes, 2 threads).
 // int8: at 9 rows 1.1-1.5x the VNNI tiles, at 5 even, at 2 slower (rearranging the weights costs what
-// streaming them does); 128 rows 3.8-4.7x (measured against the two-column VNNI tiles before tile8,
-// which are 1.5-2.4x faster on Zen 4: not measured on an AMX machine since). int4: each 32-block's sums still meet their float scale
-// one by one, so the tiles pay later: 24 rows 1.05-1.35x, 16 even, 128 rows 1.6-1.7x.
+// streaming them does); 128 rows 3.8-4.7x (against the two-column VNNI tiles before tile8, which is
+// 1.5-2.4x faster on Zen 4: not measured on an AMX machine since). int4: each 32-block's sums still
+// meet their float scale one by one, so the tiles pay later: 24 rows 1.05-1.35x, 16 even, 128 rows
+// 1.6-1.7x.
 constexpr int AMX_INT8_ROWS = 8, AMX_INT4_ROWS = 24;
 #endif
 
