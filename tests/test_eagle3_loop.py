@@ -84,7 +84,8 @@ def test_states_wait_for_a_call_that_drafts(target, heads, layout, monkeypatch):
     for each in (p, q):
         each.catch_up()
     assert p.committed == q.committed > len(continued) and torch.equal(p.pending, q.pending)
-    assert all(torch.equal(a[:, : q.committed], b[:, : q.committed]) for a, b in zip(p.cache.layers[0], q.cache.layers[0]))
+    n = q.committed
+    assert all(torch.equal(a[:, :n], b[:, :n]) for a, b in zip(p.cache.layers[0], q.cache.layers[0]))
 
 
 @pytest.mark.parametrize("layout", ["specforge", "speculators"])

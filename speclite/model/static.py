@@ -41,7 +41,8 @@ class StaticDecoder:
         by one, each a graph replay on CUDA."""
         return None
 
-    def chain(self, token: int, cache: KVCache, steps: int, vocab: int, params, generator, wants: Wants = NOTHING) -> None:
+    def chain(self, token: int, cache: KVCache, steps: int, vocab: int, params, generator,
+              wants: Wants = NOTHING) -> None:
         """Declines (see Transformer.chain), drawing nothing: plain decoding then runs its fixed-shape
         steps one by one, each a graph replay on CUDA."""
         return None
