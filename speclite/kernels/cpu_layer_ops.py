@@ -219,7 +219,8 @@ def chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int, warp
     n, H = decoder.n, decoder.keep[1].shape[1]
     captured = {i: torch.empty(steps, H, dtype=decoder.dtype) for i in wants}
     normed = torch.empty(steps, H, dtype=decoder.dtype) if final else None
-    states = (_P * (n + 1))(*(captured[i].data_ptr() if i in captured else None for i in range(n + 1)))
+    states = ((_P * (n + 1))(*(captured[i].data_ptr() if i in captured else None for i in range(n + 1)))
+              if wants else decoder.keep[0].no_captures)
     _library().speclite_chain(
         decoder.layers, n, decoder.head, decoder.embed, decoder.edt, token, decoder.caches_k, decoder.caches_v,
         DTYPES[decoder.dtype], decoder.cos + rope, decoder.sin + rope, decoder.max_len, start, decoder.scale, vocab,

@@ -461,17 +461,20 @@ class Transformer(nn.Module):
         (`token`, then the tokens but the last; the Step's logits empty), for a proposer that drafts
         from them. Where it declines (as greedy_chain), nothing is drawn."""
         warp = None if params.greedy else cpu_sampling.Warp.of(params)
-        return self._chain(token, cache, steps, vocab, warp, generator, wants)
+        chained = self._chain(token, cache, steps, vocab, warp, generator, wants)
+        if chained is None:
+            return None
+        tokens, layers, final = chained
+        return tokens, Step(self.model.norm.weight.new_empty((0, self.args.vocab_size)), final, layers)
 
     def _chain(self, token, cache, steps, vocab, warp, generator, wants):
         start, whole = cache.length, self.kernel_decoder(cache)
         if whole is None or start + steps > cache.max_len:
             return None
         drawn = None if warp is None else uniforms(generator, steps)
-        tokens, layers, final = cpu_layer_ops.chain(whole, token, start, vocab, steps, warp, drawn, wants.layers,
-                                                    wants.final)
+        chained = cpu_layer_ops.chain(whole, token, start, vocab, steps, warp, drawn, wants.layers, wants.final)
         cache.length = start + steps
-        return tokens, Step(self.model.norm.weight.new_empty((0, self.args.vocab_size)), final, layers)
+        return chained
 
     def kernel_decoder(self, cache: KVCache) -> cpu_layer_ops.Decoder | None:
         """The whole model, embedding and head included, for C calls that run several forwards with
