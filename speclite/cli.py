@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -154,15 +155,29 @@ cli.add_command(bench)
 cli.add_command(serve)
 
 
+INTERRUPTED = "interrupted: finished results are saved; run the same command again to resume"
+
+
 def main():
     """Entry point, and the one place an exception becomes one line on stderr and a non-zero exit."""
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        # A KeyboardInterrupt raised while torch's C++ runs Python code can reach us as another error
+        # (a ValueError from torch.tensor, say): the signal itself says it was Ctrl-C.
+        interrupts.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         cli(standalone_mode=False)
         return
     except Exception as e:  # noqa: BLE001 - every failure ends here, as one line
-        error, (code, message) = e, _one_line(e)
+        error, (code, message) = e, (130, INTERRUPTED) if interrupts else _one_line(e)
     except KeyboardInterrupt as e:
-        error, code, message = e, 130, "interrupted: finished results are saved; run the same command again to resume"
+        error, code, message = e, 130, INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)  # main() called in-process (tests) leaves the caller's handler
     if os.environ.get("SPECLITE_DEBUG", "") not in ("", "0"):
         traceback.print_exception(error)
     click.echo(message, err=True)
@@ -174,7 +189,7 @@ def _one_line(e: Exception) -> tuple[int, str]:
     if isinstance(e, SpecliteError):
         return 1, f"error: {e}"
     if isinstance(e, click.exceptions.Abort):
-        return 130, "interrupted: finished results are saved; run the same command again to resume"
+        return 130, INTERRUPTED
     if isinstance(e, click.ClickException):  # bad flags: click's message without the usage block
         hint = f" (see '{e.ctx.command_path} --help')" if getattr(e, "ctx", None) else ""
         return e.exit_code, f"error: {e.format_message()}{hint}"

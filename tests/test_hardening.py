@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -344,3 +345,25 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
         os.environ.pop("SPECLITE_DEBUG", None)  # --debug sets it for main(); monkeypatch did not
     assert code == 1 and "Traceback" in err and "raise ValueError" in err
     assert err.strip().splitlines()[-1].startswith("error: internal error")
+
+
+def test_ctrl_c_is_exit_130_even_when_torch_turns_it_into_another_error(monkeypatch, capsys, files):
+    """A KeyboardInterrupt raised while torch's C++ runs Python code can surface as another exception
+    (CI saw quantize's Ctrl-C end as "ValueError: could not determine the shape of object type
+    'torch.storage.UntypedStorage'"); the signal, not the exception, says it was Ctrl-C."""
+    root, inp = files
+    import speclite.batch
+    from speclite.cli import INTERRUPTED
+
+    def interrupted_inside_torch(*a, **k):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'") from None
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(speclite.batch, "parse_jobs", interrupted_inside_torch)
+    code, err = run_main(monkeypatch, capsys, ["generate", "--model", ASSETS / "tiny-code", "-i", inp,
+                                               "-o", root / "ctrl-c.jsonl"])
+    assert code == 130 and err.strip() == INTERRUPTED, err
+    assert signal.getsignal(signal.SIGINT) is before  # main() leaves its caller's handler
