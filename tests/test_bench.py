@@ -113,12 +113,14 @@ def small_synthetic_config(tmp_path):
     return path
 
 
-def test_synthetic_pair_with_roofline(tmp_path):
+@pytest.mark.parametrize("static", [[], ["--static"]], ids=["dynamic", "static"])
+def test_synthetic_pair_with_roofline(tmp_path, static):
+    # --static: the draft's fixed-shape steps (CUDA graphs on a GPU, eager here) as well as the target's
     path = small_synthetic_config(tmp_path)
     out = tmp_path / "s.json"
     text = bench("--synthetic", path, "--synthetic-draft", path, "--layers", 1, "--sp-type", "vanilla", "--k", 3,
                  "--accept-policy", "accept_all", "--max-new-tokens", 8, "--prompts", "builtin:chat", *FAST,
-                 "--json", out)
+                 "--json", out, *static)
     data = json.loads(out.read_text())
     meta = data["meta"]
     assert meta["model"].startswith("synthetic") and meta["synthetic_layers"] == {"target": 1, "draft": 1}

@@ -110,10 +110,13 @@ class Runner:
             if c.method != "plain" and c.method not in self.proposers:
                 self.proposers[c.method] = self._proposer(c)
         # As an LLM does with its own proposer's, before the first forward: the drafts' weights narrowed
-        # where exact and moved into one huge-page arena.
+        # where exact and moved into one huge-page arena, then (--static) their steps made fixed-shape.
         drafts = [m for p in self.proposers.values() for m in p.resident()[0]]
         narrow(*drafts)
         arena.settle(*drafts)
+        if self.models.static:
+            for proposer in self.proposers.values():
+                proposer.use_static()
         # A row without --k runs its method's own default k (a DFlash drafter's block size - 1).
         self.configs = [c if c.k is not None else
                         replace(c, k=spec_length(None, get_method(c.method), self.proposers[c.method]).k)
@@ -136,11 +139,8 @@ class Runner:
         draft, draft_dir = self.models.drafts[cfg.draft] if cfg.draft else (None, None)
         if not (method.needs_draft or method.loads_draft_model(cfg.options, draft_dir)):
             draft = None
-        proposer = build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len, draft_dir,
-                                                           self.models.draft_quant))
-        if self.models.static:
-            proposer.use_static()
-        return proposer
+        return build_proposer(cfg.method, BuildContext(cfg.options, llm.target, draft, llm.max_len, draft_dir,
+                                                       self.models.draft_quant))
 
     def _speculation(self, config: BenchConfig) -> Speculation | None:
         if config.method == "plain":
