@@ -4,9 +4,12 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (speclit
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from speclite.kernels import fp8_block_gemm, per_token_group_quant_fp8
 from speclite.kernels.fp8_block import fp8_block_gemm_torch, per_token_group_quant_fp8_torch
+from speclite.kernels.triton_common import round_to_e4m3
 
 FP8 = torch.float8_e4m3fn
 
@@ -113,3 +116,25 @@ def test_triton_gemm_matches_reference(m, n, k, block, cfg):
     y16 = triton_mod.fp8_block_gemm(x.half(), w, ws, block, config)
     assert y16.dtype == torch.float16
     torch.testing.assert_close(y16.float(), ref, rtol=0.05, atol=0.05 * ref.abs().max().item())
+
+
+@triton.jit
+def round_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, round_to_e4m3(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+
+
+def test_kernel_rounding_to_e4m3_is_torchs_round_to_nearest_even():
+    """The quantizer rounds in fp32 itself (round_to_e4m3) so its fp8 conversion is exact: on every
+    e4m3 value, every midpoint between neighbours (the ties) and values a hair either side of them,
+    and random values of every exponent, it gives what torch's conversion gives."""
+    grid = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    grid = grid[grid.isfinite() & (grid >= 0)].unique()  # 0 .. 448, subnormals included
+    mids = (grid[1:] + grid[:-1]) / 2
+    gen = torch.Generator().manual_seed(3)
+    rand = torch.exp2(torch.rand(4096, generator=gen) * 17 - 10.5).clamp(max=448)
+    v = torch.cat([grid, mids, mids.nextafter(torch.tensor(0.0)), mids.nextafter(torch.tensor(500.0)), rand])
+    v = torch.cat([v, -v])
+    out = torch.empty_like(v)
+    round_kernel[(triton.cdiv(v.numel(), 1024),)](v, out, v.numel(), BLOCK=1024)
+    assert torch.equal(out, v.to(FP8).float())

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from . import tuning
 from .fp8_block import FP8_MAX, FP8_SCALE_EPS
-from .triton_common import finish_split_k, gemm_out_buffers, split_k_range
+from .triton_common import finish_split_k, gemm_out_buffers, round_to_e4m3, split_k_range
 
 
 @triton.jit
@@ -27,7 +27,7 @@ def _group_quant_fp8_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, groups,
     # div_rn: Triton's plain fp32 '/' is approximate; the torch path divides exactly.
     scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FP8_MAX), EPS)
     q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
-    tl.store(xq_ptr + row * K + offs, q.to(xq_ptr.dtype.element_ty), mask=mask)
+    tl.store(xq_ptr + row * K + offs, round_to_e4m3(q).to(xq_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * groups + grp, scale)
 
 

@@ -59,7 +59,7 @@ def _int8_gemm_kernel(
         mask_k = offs_k < K
         a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0)
         b = tl.load(w_ptr + offs_n[None, :] * K + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)  # Triton 3.6 compiles int8 dots to int32 only when told
 
     a_scale = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     w_scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)

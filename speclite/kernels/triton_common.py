@@ -18,6 +18,18 @@ def round_half_even(v):
 
 
 @triton.jit
+def round_to_e4m3(v):
+    """v (|v| <= 448) rounded to the nearest float8_e4m3fn value, ties to even, still in fp32, so the
+    conversion after it is exact: on an H200 Triton 3.6's own fp32 -> e4m3 conversion disagreed with
+    torch's (round to nearest even) in one element in 100-1000."""
+    exponent = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # subnormals: 2**-6's spacing
+    # e4m3 keeps 3 mantissa bits: the spacing is 2**(exponent - 3), a power of two (exact to scale by).
+    inv_spacing = ((127 + 3 - exponent) << 23).to(tl.float32, bitcast=True)
+    spacing = ((127 - 3 + exponent) << 23).to(tl.float32, bitcast=True)
+    return round_half_even(v * inv_spacing) * spacing
+
+
+@triton.jit
 def _splitk_reduce_kernel(ws_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     # Sums the fp32 partials in a fixed order (deterministic, unlike atomics) and casts once.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
