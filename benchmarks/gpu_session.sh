@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The GPU runs of issues 20, 14 and 16, in stages that each fit one device command (10 minutes):
-#   bash benchmarks/gpu_session.sh tests|kernels|decode|loop|heads
+#   bash benchmarks/gpu_session.sh tests|kernels|decode|decode-hf|loop|heads
+#   bash benchmarks/gpu_session.sh all SECONDS   # tests, kernels, decode, loop in one command, each
+#                                                # stopped at its share of SECONDS (default 580)
 # Each stage appends its output to STAGE.log (and JSON where the bench writes one) under $OUT, the
 # device tool's folder that comes back (./gpu_out elsewhere). The device image has torch, triton,
 # transformers, click and rich but no speclite install: the checkout is put on PYTHONPATH.
 set -uo pipefail
 stage=${1:-}
 case "$stage" in
-  tests|kernels|decode|loop|heads) ;;
-  *) echo "usage: $0 tests|kernels|decode|loop|heads" >&2; exit 2 ;;
+  tests|kernels|decode|decode-hf|loop|heads|all) ;;
+  *) echo "usage: $0 tests|kernels|decode|decode-hf|loop|heads|all [SECONDS]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}
@@ -17,20 +19,44 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFL
 log="$out/$stage.log"
 run() { echo "== $*" | tee -a "$log"; "$@" 2>&1 | tee -a "$log"; }
 
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv >>"$log" 2>&1
+if [ "$stage" = all ]; then
+  # Shares of the whole in the order that matters: correctness first, then kernels, a step, the loop.
+  budget=${2:-580}
+  start=$SECONDS
+  for pair in tests:0.32 kernels:0.25 decode:0.25 loop:0.18; do
+    name=${pair%%:*}
+    left=$((budget - (SECONDS - start)))
+    cap=$(python3 -c "print(int(min($budget * ${pair#*:}, $left)))")
+    if [ "$cap" -lt 20 ]; then echo "== $name: no time left" >>"$out/all.log"; continue; fi
+    echo "== $name: at most ${cap}s" >>"$out/all.log"
+    timeout -k 5 "$cap" bash "$0" "$name"
+    echo "== $name: rc $? after $((SECONDS - start))s" >>"$out/all.log"
+  done
+  exit 0
+fi
+
+{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv
+  python3 -c "import sys, torch, triton, transformers; print(sys.version.split()[0], torch.__version__, triton.__version__, transformers.__version__)"
+} >>"$log" 2>&1
 case "$stage" in
   tests)  # compiled kernels against their torch paths; every method's greedy output against plain decoding
-    run python3 -m pytest -m cuda -p no:cacheprovider -rs ;;
+    # Triton compiles each launch config once per process: 8 workers compile side by side.
+    extra="$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 150") $(python3 -c "import xdist" 2>/dev/null && echo "-n 8")"
+    run python3 -m pytest -m cuda -p no:cacheprovider -rs --durations 15 $extra ;;
   kernels)  # W4A16 / FP8-block / W8A8 GEMMs and the verify kernel vs torch's ops and copy bandwidth
-    run python3 benchmarks/kernels.py ;;
+    run python3 benchmarks/kernels.py --reps 20 ;;
   decode)  # a decode step vs the roofline and transformers, bf16 / int4 / fp8 targets, CUDA graphs
     run python3 benchmarks/decode.py --synthetic qwen2.5-7b --device cuda --static --quant none,int4,fp8-block \
+      --max-new-tokens 128 ;;
+  decode-hf)  # the same against transformers' static cache + torch.compile
+    run python3 benchmarks/decode.py --synthetic qwen2.5-7b --device cuda --static --quant none,int4 \
       --hf-static --max-new-tokens 128 ;;
   loop)  # loop overhead: the 7B target with a 0.5B draft, every iteration k+1 tokens
     run python3 -m speclite.cli bench --synthetic qwen2.5-7b --synthetic-draft qwen2.5-0.5b --device cuda --static \
-      --sp-type naive,vanilla,deterministic --k 2,4,8 --accept-policy accept_all --max-new-tokens 128 --repeats 3 \
-      --json "$out/loop.json" ;;
+      --sp-type naive,vanilla,deterministic --k 2,4,8 --accept-policy accept_all --max-new-tokens 64 --repeats 2 \
+      --prompts builtin:code --json "$out/loop.json" ;;
   heads)  # published-shape EAGLE-3 head and DFlash drafter on the 7B target (issues 14, 16)
     run python3 -m speclite.cli bench --synthetic qwen2.5-7b --device cuda --static --sp-type eagle3,dflash \
-      --k 2,4,8 --accept-policy accept_all --max-new-tokens 128 --repeats 3 --json "$out/heads.json" ;;
+      --k 2,4,8 --accept-policy accept_all --max-new-tokens 64 --repeats 2 --prompts builtin:code \
+      --json "$out/heads.json" ;;
 esac
