@@ -99,8 +99,8 @@ def test_verify_kernels_equal_their_torch_paths(k):
         drafts = best[:k].clone()
         if accepted < k:
             drafts[accepted] = (drafts[accepted] + 1) % vocab
-        (n, token), (n_ref, token_ref) = both_paths(kernels.verify_greedy, drafts, logits)
-        assert int(n) == int(n_ref) == accepted and int(token) == int(token_ref)
+        n, token = kernels.verify_greedy(drafts, logits)  # torch's ops on every device
+        assert int(n) == accepted and int(token) == int(best[accepted])
         p = torch.softmax(logits * 2, -1)
         q = torch.softmax(torch.randn(k, vocab, generator=g, device="cuda") * 2, -1)
         u = torch.rand(k, generator=g, device="cuda")

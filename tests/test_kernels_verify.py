@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from speclite.kernels import verify_greedy, verify_rejection
-from speclite.kernels.verify import verify_greedy_torch, verify_rejection_torch
+from speclite.kernels.verify import verify_rejection_torch
 
 
 def probs(rows, vocab, gen, sharpness=2.0):
@@ -108,15 +108,13 @@ def test_greedy_reference_matches_python_loop_with_ties():
             tokens = torch.tensor(best[:k])
             if n_match < k:
                 tokens[n_match] = (best[n_match] + 1) % 9
-            n, tok = verify_greedy_torch(tokens, logits)
+            n, tok = verify_greedy(tokens, logits)
             assert (int(n), int(tok)) == (n_match, best[n_match])
 
 
-def test_public_functions_on_cpu_take_torch_path():
+def test_rejection_on_cpu_takes_torch_path():
     tokens, q, p, u, ru = make_case(3, 17, 5)
     assert [int(v) for v in verify_rejection(tokens, q, p, u, ru)] == [int(v) for v in verify_rejection_torch(tokens, q, p, u, ru)]
-    logits = torch.randn(4, 17)
-    assert [int(v) for v in verify_greedy(tokens, logits)] == [int(v) for v in verify_greedy_torch(tokens, logits)]
 
 
 # Triton under the interpreter: outputs must equal the reference exactly for the same uniforms.
@@ -150,16 +148,14 @@ def test_triton_rejection_on_exact_cdf_boundaries_and_degenerate_residual():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_greedy_equals_reference(dtype):
-    triton_mod = pytest.importorskip("speclite.kernels.verify_triton")
+def test_greedy_ties_across_a_wide_vocabulary_take_the_lowest_index(dtype):
     gen = torch.Generator().manual_seed(1)
     for k in range(5):
         logits = torch.randn(k + 1, 4500, generator=gen).to(dtype)
-        logits[:, [700, 2100, 4400]] = 10.0  # ties inside and across blocks: lowest index must win
+        logits[:, [700, 2100, 4400]] = 10.0  # the lowest index must win, as torch.argmax documents
         best = logits.argmax(-1)
         for n_match in range(k + 1):
             tokens = best[:k].clone()
             if n_match < k:
                 tokens[n_match] = 5
-            got = [int(v) for v in triton_mod.verify_greedy(tokens, logits)]
-            assert got == [int(v) for v in verify_greedy_torch(tokens, logits)] == [n_match, 700]
+            assert [int(v) for v in verify_greedy(tokens, logits)] == [n_match, 700]

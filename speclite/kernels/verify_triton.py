@@ -1,4 +1,4 @@
-"""Triton verification: one launch, one program, decides acceptance and samples on the device.
+"""Triton rejection sampling: one launch, one program, decides acceptance and samples on the device.
 
 A single program streams the needed target/draft rows (at most three passes over one vocab
 row); the host reads back one int64 pair. Same fixed-point sampling as verify.py.
@@ -71,32 +71,6 @@ def _verify_rejection_kernel(tok_ptr, q_ptr, p_ptr, u_ptr, ru_ptr, out_ptr, k, V
     tl.store(out_ptr + 1, tl.minimum(count, V - 1))
 
 
-@triton.jit
-def _verify_greedy_kernel(tok_ptr, logits_ptr, out_ptr, k, V, stride_row, BLOCK_V: tl.constexpr):
-    n = tl.zeros([], tl.int32) + k  # a tensor, even when k is specialized to a constant
-    next_token = tl.zeros([], tl.int64)
-    matching = tl.full([], 1, tl.int1)  # still inside the accepted prefix
-    for i in range(0, k + 1):
-        best_val = tl.full([], float("-inf"), tl.float32)
-        best_idx = tl.zeros([], tl.int64)
-        for v0 in range(0, V, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            x = tl.load(logits_ptr + i * stride_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            block_max = tl.max(x, axis=0)
-            block_idx = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64) + v0
-            # strict '>' keeps the earlier block on ties: lowest index wins, like torch.argmax
-            better = block_max > best_val
-            best_val = tl.where(better, block_max, best_val)
-            best_idx = tl.where(better, block_idx, best_idx)
-        draft = tl.load(tok_ptr + i, mask=i < k, other=-1)
-        first_miss = matching & (draft != best_idx)
-        n = tl.where(first_miss, i, n)
-        next_token = tl.where(first_miss, best_idx, next_token)
-        matching = matching & (draft == best_idx)
-    tl.store(out_ptr, n.to(tl.int64))
-    tl.store(out_ptr + 1, next_token)
-
-
 def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -117,15 +91,4 @@ def verify_rejection(draft_tokens, draft_probs, target_probs, uniforms, residual
         target_probs.stride(0), HAS_DRAFT=has_draft, K_BLOCK=triton.next_power_of_2(max(k, 1)),
         BLOCK_V=_BLOCK_V, MASS_ONE=MASS_ONE, UNIFORM_ONE=UNIFORM_ONE, UNIFORM_BITS=UNIFORM_BITS,
     )
-    return out[0], out[1]
-
-
-def verify_greedy(draft_tokens, target_logits) -> tuple:
-    k = draft_tokens.numel()
-    device = target_logits.device
-    target_logits = _rows_contiguous(target_logits)
-    out = torch.empty(2, dtype=torch.int64, device=device)
-    tokens = draft_tokens if k else torch.zeros(1, dtype=torch.int64, device=device)  # never read when k == 0
-    _verify_greedy_kernel[(1,)](tokens, target_logits, out, k, target_logits.shape[1], target_logits.stride(0),
-                                BLOCK_V=_BLOCK_V)
     return out[0], out[1]
