@@ -64,16 +64,28 @@ def _median_ms_or_inf(fn: Callable[[], object]) -> float:
     from triton.runtime.errors import OutOfResources
 
     try:
-        return _median_ms(fn)
+        return gpu_median_ms(fn)
     except OutOfResources:  # a tile too big for this GPU's shared memory or registers: not a candidate here
         return float("inf")
 
 
-def _median_ms(fn: Callable[[], object], reps: int = 20) -> float:
-    fn()  # compile and warm up
+# Cycles the GPU spins before each timed call (~0.25 ms at 2 GHz): the host enqueues the call
+# meanwhile, so the events time its kernels alone, as a CUDA graph replays them. Without it a
+# 5-30 us kernel is timed at the host's launch cost, and the tuner picked among candidates at
+# random (an H200's 7B layers ran 10x slower at one row count than at the next).
+_HOST_AHEAD_CYCLES = 500_000
+
+
+def gpu_median_ms(fn: Callable[[], object], reps: int = 20, before: Callable[[], object] | None = None) -> float:
+    """Median GPU time of fn's kernels in ms, after one untimed call (compilation, warm-up).
+    before: run ahead of each timed call, untimed (an L2 flush, say)."""
+    fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if before is not None:
+            before()
+        torch.cuda._sleep(_HOST_AHEAD_CYCLES)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
