@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+from layer_ops_reference import decoders_rope_cache, torch_rms_norm
 
 import speclite
 from speclite import LLM, SamplingParams
@@ -107,6 +109,41 @@ def test_verify_kernels_equal_their_torch_paths(k):
         r = torch.rand((), generator=g, device="cuda")
         out, ref = both_paths(kernels.verify_rejection, drafts, q, p, u, r)
         assert [int(v) for v in out] == [int(v) for v in ref]
+
+
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "qk-norm+rope"])
+@pytest.mark.parametrize("static", [False, True], ids=["start", "slots"])
+def test_gpu_layer_ops_equal_the_decoders_torch_code(qk_norm, static):
+    """RMSNorm, SiLU-and-multiply and norms + RoPE + cache write, compiled, in bf16 against the
+    decoder's torch ops on the same CUDA tensors; RoPE alone rounds as they do: the same bits."""
+    from speclite.kernels import gpu_layer_ops
+    from speclite.model.decoder import rope_tables
+
+    g = cuda_gen(11 + 2 * qk_norm + static)
+    h, kv, d, t, first, max_len = 28, 4, 128, 5, 40, 64  # Qwen2.5-7B's heads
+    bf16 = torch.bfloat16
+    x = torch.randn(t, 3584, generator=g, device="cuda").to(bf16)
+    w = (torch.rand(3584, generator=g, device="cuda") + 0.5).to(bf16)
+    torch.testing.assert_close(gpu_layer_ops.rms_norm(x, w, 1e-6), torch_rms_norm(x, w, 1e-6), rtol=1e-2, atol=1e-2)
+    gate_up = (torch.randn(t, 2 * 18944, generator=g, device="cuda") * 3).to(bf16)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(gpu_layer_ops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-2, atol=1e-2)
+    qkv = torch.randn(t, (h + 2 * kv) * d, generator=g, device="cuda").to(bf16)
+    inv_freq = 1.0 / 1e6 ** (torch.arange(0, d, 2, dtype=torch.float32, device="cuda") / d)
+    cos, sin = rope_tables(torch.arange(first, first + t, device="cuda"), inv_freq, 1.0, bf16)
+    norms = (((torch.rand(d, generator=g, device="cuda") + 0.5).to(bf16),
+              (torch.rand(d, generator=g, device="cuda") + 0.5).to(bf16)), 1e-6) if qk_norm else ()
+    start = torch.arange(first, first + t, device="cuda") if static else first
+    cache_k, cache_v = torch.randn(2, kv, max_len, d, generator=g, device="cuda").to(bf16)
+    ref_k, ref_v = cache_k.clone(), cache_v.clone()
+    q = gpu_layer_ops.rope_cache(qkv, cos, sin, cache_k, cache_v, start, h, kv, norms)
+    q_ref = decoders_rope_cache(qkv, cos, sin, ref_k, ref_v, start, h, kv, norms)
+    assert torch.equal(cache_v, ref_v)
+    if qk_norm:
+        torch.testing.assert_close(q, q_ref, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(cache_k, ref_k, rtol=1e-2, atol=1e-2)
+    else:
+        assert torch.equal(q, q_ref) and torch.equal(cache_k, ref_k)
 
 
 # Every method with the draft trained for it on the embedded pair (models.toml), so drafts are

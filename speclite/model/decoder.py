@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclite import kernels
-from speclite.kernels import cpu_gemm, cpu_layer_ops, cpu_sampling
+from speclite.kernels import cpu_gemm, cpu_layer_ops, cpu_sampling, gpu_layer_ops
 from speclite.kernels.cpu_threads import one_thread
 from speclite.kernels.dense import HALF
 from speclite.errors import SpecliteError
@@ -153,6 +153,8 @@ class RMSNorm(nn.Module):
         # Normalise in float32 like the reference implementation, scale in the model dtype.
         if self.weight.dtype == x.dtype and cpu_layer_ops.takes(x) and not cpu_gemm.needs_grad(x, [self]):
             return cpu_layer_ops.rms_norm(x, self.weight, self.eps)
+        if gpu_layer_ops.takes(x) and not cpu_gemm.needs_grad(x, [self]):
+            return gpu_layer_ops.rms_norm(x, self.weight, self.eps)
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
@@ -243,24 +245,29 @@ class Attention(nn.Module):
         if self.cpu_attention_applies(qkv, cache_k) and not cpu_gemm.needs_grad(qkv):
             # The q/k norms, RoPE, the cache write and attention in one call.
             out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k), mask,
-                                          *self.cpu_qk_norm())
+                                          *self.qk_norm_weights())
             return self.o_proj(out)
-        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
-        q, k, v = q.reshape(t, h, d), k.reshape(t, kv, d), v.reshape(t, kv, d)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.gpu_rope_applies(qkv, cache_k):
+            # The q/k norms, RoPE and the cache write in one kernel.
+            q = gpu_layer_ops.rope_cache(qkv, cos, sin, cache_k, cache_v, start, h, kv, self.qk_norm_weights())
+        else:
+            q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
+            q, k, v = q.reshape(t, h, d), k.reshape(t, kv, d), v.reshape(t, kv, d)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            if isinstance(start, int):
+                cache_k[:, start:start + t] = k.transpose(0, 1)
+                cache_v[:, start:start + t] = v.transpose(0, 1)
+            else:
+                cache_k.index_copy_(1, start, k.transpose(0, 1))
+                cache_v.index_copy_(1, start, v.transpose(0, 1))
         if isinstance(start, int):
             # Dynamic shapes: attend over the filled part of the cache only.
-            end = start + t
-            cache_k[:, start:end] = k.transpose(0, 1)
-            cache_v[:, start:end] = v.transpose(0, 1)
-            keys, values = cache_k[:, :end], cache_v[:, :end]
+            keys, values = cache_k[:, :start + t], cache_v[:, :start + t]
         else:
             # Static shapes (CUDA graphs): positions are a tensor, the whole cache is attended
             # under the mask, so every launch has the same shape whatever the length.
-            cache_k.index_copy_(1, start, k.transpose(0, 1))
-            cache_v.index_copy_(1, start, v.transpose(0, 1))
             keys, values = cache_k, cache_v
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
@@ -278,8 +285,15 @@ class Attention(nn.Module):
         return (cache_k.dtype == qkv.dtype and cpu_layer_ops.takes(qkv) and not hooked(norms)
                 and all(n.weight.dtype == qkv.dtype for n in norms))
 
-    def cpu_qk_norm(self) -> tuple:
-        """(the q and k norm weights, eps) for the C attention, or () without q/k norms."""
+    def gpu_rope_applies(self, qkv: torch.Tensor, cache_k: torch.Tensor) -> bool:
+        """The GPU kernel takes qkv and the caches, and the q/k norms if any (qkv's dtype, no hook)."""
+        norms = (self.q_norm, self.k_norm) if self.qk_norm else ()
+        return (gpu_layer_ops.takes(qkv) and qkv.dim() == 2 and qkv.stride(-1) == 1 and cache_k.is_contiguous()
+                and not hooked(norms) and all(n.weight.dtype == qkv.dtype for n in norms)
+                and not cpu_gemm.needs_grad(qkv, norms))
+
+    def qk_norm_weights(self) -> tuple:
+        """(the q and k norm weights, eps) for the C attention and the GPU kernel, or () without q/k norms."""
         return ((self.q_norm.weight, self.k_norm.weight), self.q_norm.eps) if self.qk_norm else ()
 
 
@@ -295,6 +309,8 @@ class MLP(nn.Module):
         gate_up = project(x, self.gate_proj, self.up_proj)
         if cpu_layer_ops.takes(gate_up) and not cpu_gemm.needs_grad(gate_up):
             return self.down_proj(cpu_layer_ops.swiglu(gate_up))
+        if gpu_layer_ops.takes(gate_up) and not cpu_gemm.needs_grad(gate_up):
+            return self.down_proj(gpu_layer_ops.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -351,7 +367,7 @@ class Block(nn.Module):
             return None
         attn = self.self_attn
         return cpu_layer_ops.Layer(mats, [norm1.weight, norm2.weight], norm1.eps, attn.num_heads, attn.num_kv_heads,
-                                   attn.head_dim, attn.cpu_qk_norm()[0] if attn.qk_norm else None, head)
+                                   attn.head_dim, attn.qk_norm_weights()[0] if attn.qk_norm else None, head)
 
 
 class Backbone(nn.Module):

@@ -32,7 +32,7 @@ class DFlashLayer(Block):
         if attn.cpu_attention_applies(kv, layer_cache[0]) and not cpu_gemm.needs_grad(kv):
             # The attention kernel with no query heads: k norm, RoPE and the cache write only.
             cpu_layer_ops.attention(kv, cos, sin, *layer_cache, 0, attn.num_kv_heads, start, start + t, None,
-                                    *attn.cpu_qk_norm())
+                                    *attn.qk_norm_weights())
             return
         k, v = kv.view(t, 2 * attn.num_kv_heads, attn.head_dim).split(attn.num_kv_heads, dim=1)
         if attn.qk_norm:

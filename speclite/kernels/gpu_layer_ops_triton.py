@@ -1,0 +1,115 @@
+"""Triton kernels of gpu_layer_ops: one program a row (a token, or a token's head), so a row's
+numbers never depend on the rows beside it."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < D
+    x = tl.load(x_ptr + row * D + offs, mask=mask, other=0.0)
+    xf = x.to(tl.float32)
+    h = (xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)).to(x.dtype)  # rounded, then scaled: as RMSNorm
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * D + offs, (w * h.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    d = x.shape[-1]
+    rows = x.reshape(-1, d)
+    rows = rows if rows.is_contiguous() else rows.contiguous()
+    out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    block = triton.next_power_of_2(d)
+    _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, d, eps, BLOCK=block, num_warps=min(16, max(1, block // 256)))
+    return out.reshape(*x.shape[:-1], d)
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(x_ptr + row * 2 * inter + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # rounded, then multiplied: as F.silu(gate) * up
+    tl.store(out_ptr + row * inter + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    inter = gate_up.shape[-1] // 2
+    rows = gate_up.reshape(-1, 2 * inter)
+    rows = rows if rows.is_contiguous() else rows.contiguous()
+    out = torch.empty(rows.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(rows.shape[0], triton.cdiv(inter, block))](rows, out, inter, BLOCK=block, num_warps=4)
+    return out.reshape(*gate_up.shape[:-1], inter)
+
+
+@triton.jit(do_not_specialize=["start"])
+def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr, start, qn_ptr, kn_ptr, eps,
+                       qkv_stride, max_len,
+                       H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                       HAS_SLOTS: tl.constexpr, QK_NORM: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < D
+    src = qkv_ptr + tok * qkv_stride + head * D
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + tok).to(tl.int64)
+    else:
+        slot = start + tok
+    x = tl.load(src + offs, mask=mask, other=0.0)
+    if head >= H + KV:  # a v head: into the cache as it is
+        dst = v_ptr + (head - H - KV).to(tl.int64) * max_len * D + slot * D
+        tl.store(dst + offs, x.to(v_ptr.dtype.element_ty), mask=mask)
+    else:
+        # RoPE pairs element i with i +- D/2: rotate(x) = [-x[D/2:], x[:D/2]]
+        partner = tl.where(offs < D // 2, offs + D // 2, offs - D // 2)
+        xp = tl.load(src + partner, mask=mask, other=0.0)
+        if QK_NORM:  # each head's RMSNorm first, rounded where the norm module rounds
+            if head < H:
+                w_row = qn_ptr
+            else:
+                w_row = kn_ptr
+            xf = x.to(tl.float32)
+            r = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
+            w = tl.load(w_row + offs, mask=mask, other=0.0).to(tl.float32)
+            wp = tl.load(w_row + partner, mask=mask, other=0.0).to(tl.float32)
+            xp = (wp * (xp.to(tl.float32) * r).to(x.dtype).to(tl.float32)).to(x.dtype)
+            x = (w * (xf * r).to(x.dtype).to(tl.float32)).to(x.dtype)
+        c = tl.load(cos_ptr + tok * D + offs, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tok * D + offs, mask=mask, other=0.0).to(tl.float32)
+        xpf = xp.to(tl.float32)  # negated in float32 (exact): the interpreter keeps bf16 as raw integers
+        rot = tl.where(offs < D // 2, -xpf, xpf)
+        # x * cos + rotate(x) * sin with each product rounded to the dtype, as the torch code's ops
+        y = ((x.to(tl.float32) * c).to(x.dtype).to(tl.float32) + (rot * s).to(x.dtype).to(tl.float32))
+        if head < H:
+            tl.store(q_ptr + (tok * H + head) * D + offs, y.to(q_ptr.dtype.element_ty), mask=mask)
+        else:
+            dst = k_ptr + (head - H).to(tl.int64) * max_len * D + slot * D
+            tl.store(dst + offs, y.to(k_ptr.dtype.element_ty), mask=mask)
+
+
+def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+               cache_v: torch.Tensor, start: int | torch.Tensor, heads: int, kv_heads: int, qk_norm: tuple) -> torch.Tensor:
+    t = qkv.shape[0]
+    kv, max_len, d = cache_k.shape
+    if qkv.stride(-1) != 1 or not (cache_k.is_contiguous() and cache_v.is_contiguous()):
+        raise ValueError("rope_cache: qkv rows and both caches must be contiguous")
+    cos, sin = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
+    q = torch.empty(t, heads, d, dtype=qkv.dtype, device=qkv.device)
+    has_slots = isinstance(start, torch.Tensor)
+    (q_norm, k_norm), eps = qk_norm if qk_norm else ((qkv, qkv), 0.0)  # unread without QK_NORM
+    _rope_cache_kernel[(t, heads + 2 * kv_heads)](
+        qkv, cos, sin, q, cache_k, cache_v, start if has_slots else qkv, 0 if has_slots else start, q_norm, k_norm,
+        eps, qkv.stride(0), max_len, H=heads, KV=kv_heads, D=d, BLOCK=triton.next_power_of_2(d),
+        HAS_SLOTS=has_slots, QK_NORM=bool(qk_norm), num_warps=1)
+    return q

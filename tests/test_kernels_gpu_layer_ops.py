@@ -1,0 +1,154 @@
+"""The GPU layer ops' Triton kernels (RMSNorm, SiLU-and-multiply, q/k norms + RoPE + cache write)
+under Triton's interpreter, against the decoder's own torch code and float64 math: the same
+numbers, each row independent of the rows beside it, and nothing in the cache but the new slots
+touched. tests/test_cuda.py runs them compiled on a GPU.
+
+The interpreter truncates float32 to bfloat16 where a GPU rounds to nearest, so bfloat16 is held
+to a few of its steps here; float16 and float32 round as on a GPU and are held to the same bits
+where the torch code does the same arithmetic."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (speclite.kernels imports it lazily)
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from layer_ops_reference import decoders_rope_cache, torch_rms_norm  # noqa: E402
+
+from speclite.kernels import gpu_layer_ops_triton as ops  # noqa: E402
+from speclite.model.decoder import rope_tables  # noqa: E402
+
+
+def tolerance(dtype):
+    return {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.float16: {"rtol": 2e-3, "atol": 1e-3},
+            torch.bfloat16: {"rtol": 2e-2, "atol": 1e-1}}[dtype]  # up to four truncations of values ~2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,dim", [(1, 896), (5, 64), (3, 200)])
+def test_rms_norm_is_the_decoders(dtype, rows, dim):
+    gen = torch.Generator().manual_seed(rows * dim)
+    x = (torch.randn(rows, dim, generator=gen) * 3).to(dtype)
+    weight = (torch.rand(dim, generator=gen) + 0.5).to(dtype)
+    y = ops.rms_norm(x, weight, 1e-6)
+    assert y.dtype == dtype and y.shape == x.shape
+    torch.testing.assert_close(y, torch_rms_norm(x, weight, 1e-6), **tolerance(dtype))
+    exact = x.double() / x.double().pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * weight.double()
+    torch.testing.assert_close(y.double(), exact, **tolerance(dtype))
+    # A float32 weight on bf16 states: float32 out, as torch's product promotes.
+    if dtype == torch.bfloat16:
+        assert ops.rms_norm(x, weight.float(), 1e-6).dtype == torch.float32
+    # Row by row, the same bits: a token's norm does not depend on the rows beside it.
+    assert torch.equal(torch.cat([ops.rms_norm(x[i:i + 1], weight, 1e-6) for i in range(rows)]), y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_silu_mul_is_the_decoders(dtype):
+    gen = torch.Generator().manual_seed(7)
+    gate_up = (torch.randn(3, 2 * 1300, generator=gen) * 4).to(dtype)  # 1300: a partial last block
+    y = ops.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(y, F.silu(gate) * up, **tolerance(dtype))
+    g, u = gate.double(), up.double()
+    torch.testing.assert_close(y.double(), g * torch.sigmoid(g) * u, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "qk-norm+rope"])
+@pytest.mark.parametrize("static", [False, True], ids=["start", "slots"])
+@pytest.mark.parametrize("dim", [64, 80])  # 80: a head narrower than its power-of-two block
+def test_rope_cache_is_the_decoders(dtype, qk_norm, static, dim):
+    h, kv, t, max_len, first = 4, 2, 3, 16, 9
+    gen = torch.Generator().manual_seed(dim + 2 * qk_norm + static)
+    qkv = torch.randn(t, (h + 2 * kv) * dim, generator=gen).to(dtype)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    cos, sin = rope_tables(torch.arange(first, first + t), inv_freq, 1.0, dtype)
+    norms = (((torch.rand(dim, generator=gen) + 0.5).to(dtype), (torch.rand(dim, generator=gen) + 0.5).to(dtype)),
+             1e-6) if qk_norm else ()
+    start = torch.arange(first, first + t) if static else first
+    cache_k, cache_v = torch.randn(2, kv, max_len, dim, generator=gen).to(dtype)  # old entries: never zeros
+    ref_k, ref_v = cache_k.clone(), cache_v.clone()
+    q = ops.rope_cache(qkv, cos, sin, cache_k, cache_v, start, h, kv, norms)
+    q_ref = decoders_rope_cache(qkv, cos, sin, ref_k, ref_v, start, h, kv, norms)
+    if qk_norm or dtype == torch.bfloat16:  # the norm's sum may round differently; bf16: see above
+        torch.testing.assert_close(q, q_ref, **tolerance(dtype))
+        torch.testing.assert_close(cache_k, ref_k, **tolerance(dtype))
+    else:  # each product rounded as torch rounds it: the same bits
+        assert torch.equal(q, q_ref) and torch.equal(cache_k, ref_k)
+    assert torch.equal(cache_v, ref_v)
+    # Token by token into a fresh copy of the old cache: the same q and the same cache.
+    step_k, step_v = torch.randn(2, kv, max_len, dim, generator=gen).to(dtype)
+    step_k[:, :first], step_v[:, :first] = ref_k[:, :first], ref_v[:, :first]
+    step_k[:, first + t:], step_v[:, first + t:] = ref_k[:, first + t:], ref_v[:, first + t:]
+    rows = [ops.rope_cache(qkv[i:i + 1], cos[i:i + 1], sin[i:i + 1], step_k, step_v,
+                           start[i:i + 1] if static else first + i, h, kv, norms) for i in range(t)]
+    assert torch.equal(torch.cat(rows), q) and torch.equal(step_k, cache_k) and torch.equal(step_v, cache_v)
+
+
+def test_rope_is_float64_rotation():
+    """Independent of the decoder's code: q and k turned by each position's angles, in float64."""
+    h, kv, t, dim, first = 2, 1, 4, 64, 5
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(t, (h + 2 * kv) * dim, generator=gen)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    cos, sin = rope_tables(torch.arange(first, first + t), inv_freq, 1.0, torch.float32)
+    cache_k, cache_v = torch.randn(2, kv, 12, dim, generator=gen)
+    q = ops.rope_cache(qkv, cos, sin, cache_k, cache_v, first, h, kv, ())
+    angle = torch.arange(first, first + t, dtype=torch.float64)[:, None] * inv_freq.double()[None, :]  # [t, D/2]
+    x = qkv[:, :h * dim].double().reshape(t, h, 2, dim // 2)  # halves: (x1, x2) turn as a complex x1 + i x2
+    c, s = angle.cos()[:, None], angle.sin()[:, None]
+    turned = torch.stack([x[:, :, 0] * c - x[:, :, 1] * s, x[:, :, 1] * c + x[:, :, 0] * s], dim=2).reshape(t, h, dim)
+    torch.testing.assert_close(q.double(), turned, rtol=1e-5, atol=1e-5)
+
+
+def small_model(config):
+    from speclite.model.decoder import ModelArgs, Transformer
+    from speclite.synthetic import synthetic_config
+
+    cfg = synthetic_config(config) | {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+                                      "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
+                                      "num_hidden_layers": 2}
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs.from_hf(cfg)).eval()
+    model.init_rope("cpu")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)  # norms that do something
+    return model
+
+
+@pytest.fixture
+def as_on_a_gpu(monkeypatch):
+    """The decoder's choices as on a GPU, on CPU tensors: the C kernels off; gpu(True) routes the
+    layer ops to these kernels (interpreted), gpu(False) to the decoder's torch code."""
+    from speclite.kernels import cpu_gemm, cpu_layer_ops, gpu_layer_ops
+
+    monkeypatch.setattr(cpu_layer_ops, "takes", lambda x: False)
+    monkeypatch.setattr(cpu_gemm, "takes", lambda x: False)
+    return lambda on: monkeypatch.setattr(gpu_layer_ops, "takes", lambda x: on)
+
+
+def two_steps(model):
+    """Logits of a dynamic 5-token prefill and a fixed-shape 2-token step after it."""
+    tokens = torch.randint(0, 300, (7,), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(16)
+    with torch.inference_mode():
+        prefill = model.step(tokens[:5], cache).logits
+        slots = torch.arange(5, 7)
+        fixed = model.forward_static(tokens[5:], slots, slots, torch.ones(2, 2, dtype=torch.bool).tril(), cache).logits
+    return prefill, fixed
+
+
+@pytest.mark.parametrize("config", ["qwen2.5-0.5b", "qwen3-0.6b"])  # q/k/v biases; q/k norms
+def test_decoder_through_the_gpu_ops_gives_its_torch_codes_logits(config, as_on_a_gpu):
+    model = small_model(config)
+    as_on_a_gpu(True)
+    ours = two_steps(model)
+    as_on_a_gpu(False)
+    for mine, theirs in zip(ours, two_steps(model)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
