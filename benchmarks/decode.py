@@ -12,7 +12,7 @@ the median over --repeats is reported. Per target: tokens/s, the weight bytes it
 bandwidth, measured in the same run, is the fastest a batch-1 step can be). transformers runs its
 dynamic cache and, with --hf-static, its static cache with torch.compile where that works (a
 failure is one line of output, not the end of the run). speclite's models are placed as LLM places
-them: float32 weights that are exact in 16 bits narrowed (speclite.model.narrow), then the arena;
+them (speclite.model.prepare): float32 weights exact in 16 bits narrowed, then the arena (CPU), q/k/v and gate/up joined (GPU);
 --wide also times the model as loaded, every weight float32 (what narrowing saves); --stored picks
 the synthetic checkpoint's dtype (most real ones are bf16) apart from the run's --dtype.
 """
@@ -31,9 +31,9 @@ from speclite.bench.roofline import copy_bandwidth
 from speclite.bench.runner import sync
 from speclite.engine.loop import Request, decode
 from speclite.engine.memory import step_bytes
-from speclite.model import arena, load_model
+from speclite.model import load_model
 from speclite.model.loader import resolve_device, resolve_dtype
-from speclite.model.narrow import narrow
+from speclite.model.prepare import prepare
 from speclite.quant import quantize_model
 from speclite.sampling import SamplingParams
 from speclite.synthetic import build_synthetic
@@ -115,9 +115,7 @@ def main():
             model = load_model(model_dir, device=device, dtype=dtype)
             if scheme != "none":
                 quantize_model(model, scheme)
-            if not wide:
-                narrow(model)
-            arena.settle(model)  # as LLM places a user's weights (nothing to move on a GPU)
+            prepare(model, narrowed=not wide)  # as LLM prepares a user's weights
             ours[f"speclite {scheme}" + (", not narrowed" if wide else "") + (" (static)" if args.static else "")] = model
         theirs = {}
         if not args.skip_transformers:

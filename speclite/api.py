@@ -17,9 +17,9 @@ from speclite.engine.loop import Speculation
 from speclite.engine.memory import model_bytes
 from speclite.sampling import SamplingParams
 from speclite.errors import SpecliteError
-from speclite.model import Transformer, arena, load_model
+from speclite.model import Transformer, load_model
 from speclite.model.loader import resolve_device, resolve_dtype
-from speclite.model.narrow import narrow
+from speclite.model.prepare import prepare
 from speclite.model.static import StaticDecoder
 from speclite.model.validate import check_model_files, context_length
 from speclite.request import check_extra_config, check_prompt
@@ -153,11 +153,7 @@ class LLM:
         self.engine = Engine(self.target, self.tokenizer, eos_ids(self.model_dir, self.tokenizer), self.max_len)
         self._speculation = self._build_speculation(models_file)
         self.engine.spec = self._speculation
-        # Before the first forward: float32 CPU weights that are exact in 16 bits stored in 16 bits (the
-        # same numbers, half the bytes), then every CPU weight into one huge-page arena (decode 1.03-1.25x).
-        models = (self.target, *(self._speculation.proposer.resident()[0] if self._speculation else ()))
-        narrow(*models)
-        arena.settle(*models)
+        prepare(self.target, *(self._speculation.proposer.resident()[0] if self._speculation else ()))
         if static:
             self.engine.target = StaticDecoder(self.target, self.engine.cache)
             if self._speculation is not None:

@@ -152,3 +152,36 @@ def test_decoder_through_the_gpu_ops_gives_its_torch_codes_logits(config, as_on_
     as_on_a_gpu(False)
     for mine, theirs in zip(ours, two_steps(model)):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_joined_projections_are_views_and_give_the_same_logits(as_on_a_gpu):
+    """join_projections: q/k/v and gate/up as rows of one tensor each, the parameters its views (the
+    state dict the same numbers, no byte added), and the same logits."""
+    from speclite.model.decoder import join_projections
+
+    model = small_model("qwen2.5-0.5b")
+    as_on_a_gpu(True)
+    before = two_steps(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    join_projections(model)
+    after = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    # Per block q, k, v (weights and biases), gate and up: eight tensors become three.
+    assert sum(after.values()) == sum(storages.values()) and len(storages) - len(after) == 5 * 2
+    for block in model.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
+            weight = group[0].joined[0]
+            assert all(m.weight.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr() for m in group)
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    for mine, theirs in zip(two_steps(model), before):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    # A weight replaced after the join (a quantizer, say) is what the layer then uses.
+    attn = model.model.layers[0].self_attn
+    attn.k_proj.weight = torch.nn.Parameter(attn.k_proj.weight * 2, requires_grad=False)
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        from speclite.model.decoder import project
+        qkv = project(x, attn.q_proj, attn.k_proj, attn.v_proj)
+    torch.testing.assert_close(qkv[:, 64:96], x @ attn.k_proj.weight.T + attn.k_proj.bias)

@@ -21,8 +21,7 @@ from speclite.bench.prompts import BenchPrompt
 from speclite.bench.sweep import BenchConfig
 from speclite.engine.loop import Speculation
 from speclite.engine.memory import model_bytes
-from speclite.model import arena
-from speclite.model.narrow import narrow
+from speclite.model.prepare import prepare
 from speclite.sampling import SamplingParams
 from speclite.errors import SpecliteError
 from speclite.speculate import BuildContext, build_proposer, get_method
@@ -109,11 +108,9 @@ class Runner:
         for c in configs:
             if c.method != "plain" and c.method not in self.proposers:
                 self.proposers[c.method] = self._proposer(c)
-        # As an LLM does with its own proposer's, before the first forward: the drafts' weights narrowed
-        # where exact and moved into one huge-page arena, then (--static) their steps made fixed-shape.
-        drafts = [m for p in self.proposers.values() for m in p.resident()[0]]
-        narrow(*drafts)
-        arena.settle(*drafts)
+        # As an LLM does with its own proposer's, before the first forward: the drafts' weights prepared,
+        # then (--static) their steps made fixed-shape.
+        prepare(*[m for p in self.proposers.values() for m in p.resident()[0]])
         if self.models.static:
             for proposer in self.proposers.values():
                 proposer.use_static()

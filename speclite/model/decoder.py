@@ -219,9 +219,57 @@ def hooked(modules) -> bool:
 
 def project(x: torch.Tensor, *linears: nn.Module) -> torch.Tensor:
     """The linears' outputs on x (q, k and v; gate and up) side by side in one tensor: one kernel
-    call where cpu_matrices joins them (x quantized or widened once, one thread team)."""
-    mats = None if hooked(linears) else cpu_gemm.module_matrices(x, linears)
-    return cpu_gemm.matmul(x, mats) if mats is not None else torch.cat([m(x) for m in linears], dim=-1)
+    call where cpu_matrices joins them (x quantized or widened once, one thread team), or where
+    join_projections made their weights rows of one tensor (a GPU)."""
+    if hooked(linears):
+        return torch.cat([m(x) for m in linears], dim=-1)
+    mats = cpu_gemm.module_matrices(x, linears)
+    if mats is not None:
+        return cpu_gemm.matmul(x, mats)
+    joined = getattr(linears[0], "joined", None)
+    if joined is not None and _pointers(linears) == joined[2]:  # the parameters are still its views
+        return kernels.linear(x, joined[0], joined[1])
+    return torch.cat([m(x) for m in linears], dim=-1)
+
+
+def join_projections(*models: nn.Module) -> None:
+    """Where the GPU layer ops run: each block's q/k/v and gate/up weights (and biases) become row
+    ranges of one tensor, so `project` runs one GEMM where it ran three (two) and a cat; the
+    modules keep their parameters (views now: no byte added, the state dict unchanged). Dense
+    layers of one dtype only (quantized ones keep their own kernels). Call after loading and
+    quantizing, before the first forward and before capturing CUDA graphs."""
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, Attention):
+                _join([module.q_proj, module.k_proj, module.v_proj])
+            elif isinstance(module, MLP):
+                _join([module.gate_proj, module.up_proj])
+
+
+def _join(linears: list[nn.Module]) -> None:
+    if not all(type(m) is Linear for m in linears):
+        return
+    first = linears[0].weight
+    biases = [m.bias for m in linears]
+    if not (gpu_layer_ops.takes(first)
+            and all(m.weight.dtype == first.dtype and m.weight.shape[1] == first.shape[1] for m in linears)
+            and (all(b is None for b in biases) or all(b is not None and b.dtype == biases[0].dtype for b in biases))):
+        return
+    with torch.no_grad():
+        weight = torch.cat([m.weight for m in linears])
+        bias = None if biases[0] is None else torch.cat(biases)
+    row = 0
+    for m in linears:
+        rows = slice(row, row + m.weight.shape[0])
+        m.weight = nn.Parameter(weight[rows], requires_grad=m.weight.requires_grad)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[rows], requires_grad=m.bias.requires_grad)
+        row = rows.stop
+    linears[0].joined = (weight, bias, _pointers(linears))
+
+
+def _pointers(linears) -> list[int]:
+    return [p.data_ptr() for m in linears for p in (m.weight, m.bias) if p is not None]
 
 
 class Attention(nn.Module):
