@@ -26,21 +26,27 @@ class GemmConfig:
 _best: dict = {}
 
 
+# A decode step and a verification (at most 64 drafts + 1 rows: the API's cap on k) share one
+# launch config per shape, so every such row count sums K in the same order (the same BLOCK_K and
+# split): a token's logits from a k + 1-row verification are bit for bit its one-row step's, and
+# greedy speculation gives plain decoding's tokens on a GPU too. Per-M picks broke that.
+GEMV_ROWS = 65
+
+
 def m_bucket(m: int) -> int:
-    """Shapes with M in the same power-of-two bucket share a config (decode M=1..16 stay distinct)."""
-    return 1 << max(0, (m - 1).bit_length())
+    """Every M up to GEMV_ROWS shares a config; larger (prefill) shapes share one per power of two."""
+    return GEMV_ROWS if m <= GEMV_ROWS else 1 << (m - 1).bit_length()
 
 
 def gemm_candidates(m: int, k_tiles_of: Callable[[int], int]) -> list:
-    """Candidate configs: GEMV-shaped split-K for decode/verify (M <= 16), tiled for prefill.
+    """Candidate configs: GEMV-shaped split-K (16-row tiles, a grid row per 16 rows) for decode and
+    verification, tiled for prefill.
 
     k_tiles_of(block_k) says how many K tiles a block_k gives, so useless splits are dropped.
     The lists cover the linear shapes of 0.5B-8B Llama/Qwen layers (N, K in 896..18944).
     """
-    if m <= 16:
+    if m <= GEMV_ROWS:
         base = [GemmConfig(16, bn, bk, s, 4, 3) for bn in (32, 64, 128) for bk in (64, 128, 256) for s in (1, 2, 4, 8, 16)]
-    elif m <= 64:
-        base = [GemmConfig(bm, bn, bk, s, 4, 3) for bm in (32, 64) for bn in (64, 128) for bk in (64, 128) for s in (1, 2, 4)]
     else:
         base = [
             GemmConfig(64, 64, 64, 1, 4, 4), GemmConfig(64, 128, 64, 1, 4, 4), GemmConfig(128, 64, 64, 1, 4, 4),

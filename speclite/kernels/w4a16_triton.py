@@ -1,10 +1,10 @@
 """Triton W4A16 GEMM: int4 unpack and dequantize fused into the matmul's K loop.
 
 One kernel body serves both shapes: with BLOCK_M=16 and a split-K grid it is the GEMV-shaped
-variant for decode and k+1-token verify (M = 1..16: memory bound, so many programs stream
-disjoint K ranges of the weight), with large tiles and one split it is the tiled prefill GEMM.
-The split count is the grid's third axis, not a constexpr, so splits share one compile.
-The tuner picks per shape.
+variant for decode and k+1-token verify (M up to tuning.GEMV_ROWS: memory bound, so many programs
+stream disjoint K ranges of the weight), with large tiles and one split it is the tiled prefill
+GEMM. The split count is the grid's third axis, not a constexpr, so splits share one compile.
+The tuner picks per shape, one config for every decode and verification row count.
 """
 
 import weakref
