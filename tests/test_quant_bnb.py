@@ -122,39 +122,59 @@ def llm_int8(x, cb, scb, threshold):
     return y + x[:, outliers] @ (cb.float()[:, outliers] * scb[:, None] / 127).t()
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_bitsandbytes_ops_match_the_cpu_path(ckpts, name):
-    """kernels=True runs bitsandbytes' matmul_4bit / LLM.int8 matmul (they run on the CPU too)."""
+def q_proj(ckpt, name, kernels: bool):
+    """Layer 0's q_proj of a checkpoint as speclite loads it: bitsandbytes' own ops (kernels=True; they
+    run on the CPU too) or speclite's CPU path; and its weight dequantized, and its bias."""
     from safetensors.torch import load_file
 
-    tensors = load_file(str(ckpts[name] / "model.safetensors"))
+    tensors = load_file(str(ckpt / "model.safetensors"))
     module = "model.layers.0.self_attn.q_proj"
     weight, bias = tensors[f"{module}.weight"], tensors[f"{module}.bias"]
+    if name == "int8":
+        scb = tensors[f"{module}.SCB"]
+        return (int8_linear(weight, scb, 6.0, bias, torch.float32, "cpu", kernels=kernels),
+                weight.float() * scb[:, None] / 127, bias)
+    state = quant_state(tensors, module, "cpu")
+    return (Bnb4bitLinear(weight, state, bias, torch.float32, "cpu", kernels),
+            bitsandbytes.functional.dequantize_4bit(weight, state), bias)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_bitsandbytes_ops_match_the_cpu_path(ckpts, name):
     x = torch.randn(5, 64)
     x[:, 7] *= 20  # an outlier column above llm_int8_threshold (6)
     x[:, 3] = 5.5  # large but below it: int8 rounding of the other activations becomes visible
+    (ops, dequantized, bias), (cpu, _, _) = q_proj(ckpts[name], name, True), q_proj(ckpts[name], name, False)
     if name == "int8":
-        scb = tensors[f"{module}.SCB"]
-        ops, cpu = (int8_linear(weight, scb, 6.0, bias, torch.float32, "cpu", kernels=k) for k in (True, False))
         assert (type(ops), ops.path, type(cpu), cpu.path) == (Bnb8bitLinear, "bnb_int8", Int8Linear, "int8pack")
-        dequantized = weight.float() * scb[:, None] / 127
+        weight, scb = ops.weight, ops.SCB
     else:
-        state = quant_state(tensors, module, "cpu")
-        ops, cpu = (Bnb4bitLinear(weight, state, bias, torch.float32, "cpu", k) for k in (True, False))
         assert (ops.path, cpu.path) == ("bnb_matmul_4bit", "dequantized")
-        dequantized = bitsandbytes.functional.dequantize_4bit(weight, state)
     with torch.no_grad():
         y_ops, y_cpu = ops(x), cpu(x)
     plain = torch.nn.functional.linear(x, dequantized, bias)
     if name == "int8":
         # Measured: vs LLM.int8 2.8e-4 (fp16 output); without the outlier split 0.025, with a
         # dequantize-and-matmul route (bitsandbytes' training state) 0.006.
-        assert rel_err(y_ops, llm_int8(x, weight, scb, 6.0) + bias) < 1e-3
+        each_row = torch.cat([llm_int8(row[None], weight, scb, 6.0) for row in x])  # bnb.rows_alone
+        assert rel_err(y_ops, each_row + bias) < 1e-3
         assert rel_err(y_cpu, plain) < 0.01  # measured 0.003: bf16 activations in the int8pack op
         assert rel_err(y_ops, y_cpu) < 0.02  # measured 0.007
     else:
         torch.testing.assert_close(y_ops, y_cpu, rtol=1e-5, atol=1e-5)  # measured equal: same fp32 weights
         torch.testing.assert_close(y_cpu, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_bitsandbytes_ops_give_a_row_its_one_row_numbers(ckpts, name):
+    """A verification's k + 1 rows get what plain decoding's one-row steps get, bit for bit, though
+    one row's outlier would put the column in 16 bits for all (measured apart before: int8 0.023,
+    nf4 2e-5), so greedy speculation keeps plain decoding's tokens."""
+    ops, _, _ = q_proj(ckpts[name], name, True)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    x[2, 7] = 30.0  # one row's outlier
+    with torch.no_grad():
+        assert torch.equal(ops(x), torch.cat([ops(x[i:i + 1]) for i in range(5)]))
 
 
 def test_load_time_nf4_is_bitsandbytes_quantization(dense):

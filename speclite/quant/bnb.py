@@ -63,6 +63,20 @@ def dequantize_lm_head(tensors: dict) -> None:
         tensors["lm_head.weight"] = tensors["lm_head.weight"].float() * (tensors["lm_head.SCB"].float() / 127)[:, None]
 
 
+# bitsandbytes' result for a row depends on the rows beside it: 4-bit runs one row through a GEMV
+# kernel and more through dequantize-and-GEMM; LLM.int8 keeps a column in 16 bits when any row's
+# value there passes the threshold (measured on the CPU: a row 0.023 apart in int8, 2e-5 in nf4).
+# So a verification's rows (up to 64 drafts + 1: the API's cap on k) each run alone, as plain
+# decoding runs them, and greedy speculation keeps plain decoding's tokens; a prefill runs whole.
+ROWS_ALONE = 65
+
+
+def rows_alone(matmul, x: torch.Tensor) -> torch.Tensor:
+    if 1 < x.shape[0] <= ROWS_ALONE:
+        return torch.cat([matmul(x[i:i + 1]) for i in range(x.shape[0])])
+    return matmul(x)
+
+
 class Bnb4bitLinear(QuantLinear):
     """A bitsandbytes 4-bit weight (nf4 or fp4): packed uint8 [N*K/2, 1] plus its QuantState."""
 
@@ -86,7 +100,7 @@ class Bnb4bitLinear(QuantLinear):
             return kernels.linear(x, self.weight)
         import bitsandbytes
 
-        return bitsandbytes.matmul_4bit(x, self.weight.t(), quant_state=self.quant_state)
+        return rows_alone(lambda rows: bitsandbytes.matmul_4bit(rows, self.weight.t(), quant_state=self.quant_state), x)
 
 
 class Bnb8bitLinear(QuantLinear):
@@ -110,7 +124,8 @@ class Bnb8bitLinear(QuantLinear):
         import bitsandbytes
 
         # bitsandbytes quantizes fp16 activations: it would cast (and log a warning) on every call.
-        return bitsandbytes.matmul(x.to(torch.float16), self.weight, state=self.state).to(x.dtype)
+        return rows_alone(lambda rows: bitsandbytes.matmul(rows, self.weight, state=self.state),
+                          x.to(torch.float16)).to(x.dtype)
 
 
 def int8_linear(weight, scb, threshold, bias, dtype, device, kernels=None) -> QuantLinear:
