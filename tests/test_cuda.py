@@ -158,27 +158,31 @@ def heldout_prompts(n: int = 4) -> list[str]:
 
 @pytest.fixture(scope="module")
 def plain_cuda():
-    """Plain decoding's tokens with dynamic steps (False) and with CUDA-graph steps (True)."""
+    """Plain decoding's tokens per (dtype, static): dynamic steps and CUDA-graph steps."""
     outputs = {}
-    for static in (False, True):
-        llm = LLM("tiny-code", device="cuda", dtype="float32", static=static)
-        outputs[static] = {p: llm.generate(p, GREEDY)[0].token_ids for p in heldout_prompts()}
+    for dtype in ("float32", "bfloat16"):
+        for static in (False, True):
+            llm = LLM("tiny-code", device="cuda", dtype=dtype, static=static)
+            outputs[dtype, static] = {p: llm.generate(p, GREEDY)[0].token_ids for p in heldout_prompts()}
     return outputs
 
 
-def test_cuda_graph_steps_give_the_dynamic_steps_tokens(plain_cuda):
-    assert plain_cuda[True] == plain_cuda[False]
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_graph_steps_give_the_dynamic_steps_tokens(plain_cuda, dtype):
+    assert plain_cuda[dtype, True] == plain_cuda[dtype, False]
 
 
+# bfloat16: the dense layers' GEMMs (cuBLAS) must give a row the same sums at 1 and k + 1 rows.
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("k", [1, 4])
 @pytest.mark.parametrize("method", METHODS)
-def test_greedy_speculation_equals_plain_on_cuda(plain_cuda, method, k, static):
-    llm = LLM("tiny-code", {"method": method, "num_speculative_tokens": k}, device="cuda", dtype="float32",
+def test_greedy_speculation_equals_plain_on_cuda(plain_cuda, method, k, static, dtype):
+    llm = LLM("tiny-code", {"method": method, "num_speculative_tokens": k}, device="cuda", dtype=dtype,
               static=static)
     outs = [llm.generate(prompt, GREEDY)[0] for prompt in heldout_prompts()]
     for prompt, out in zip(heldout_prompts(), outs):
-        assert out.token_ids == plain_cuda[static][prompt], (method, k, static, prompt)
+        assert out.token_ids == plain_cuda[dtype, static][prompt], (method, k, static, dtype, prompt)
     if method != "naive":
         assert sum(o.aux_info["accept_rate"] for o in outs) > 0, method
 
@@ -197,3 +201,31 @@ def test_quantized_target_and_draft_are_exact_on_cuda(scheme, static):
         for prompt in heldout_prompts():
             assert spec.generate(prompt, GREEDY)[0].token_ids == plain.generate(prompt, GREEDY)[0].token_ids, \
                 (method, prompt)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("scheme", ["nf4", "int8"])
+def test_bitsandbytes_targets_are_exact_on_cuda(scheme, static, tmp_path):
+    """bitsandbytes on CUDA in the loop: load-time nf4, and an LLM.int8 checkpoint written by
+    transformers; each verification row runs alone (speclite.quant.bnb.rows_alone), so draft-model
+    speculation gives plain decoding's tokens."""
+    pytest.importorskip("bitsandbytes")
+    model, quant = "tiny-code", scheme
+    if scheme == "int8":
+        import shutil
+
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        from speclite.hub import resolve
+
+        source = resolve("tiny-code")
+        model, quant = str(tmp_path / "int8"), None
+        AutoModelForCausalLM.from_pretrained(str(source), quantization_config=BitsAndBytesConfig(load_in_8bit=True),
+                                             device_map="cuda").save_pretrained(model)
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+            shutil.copy(source / name, tmp_path / "int8" / name)
+    plain = LLM(model, device="cuda", dtype="bfloat16", quant=quant, static=static)
+    spec = LLM(model, {"method": "vanilla", "num_speculative_tokens": 4, "model": "tiny-code-draft"}, device="cuda",
+               dtype="bfloat16", quant=quant, static=static)
+    for prompt in heldout_prompts():
+        assert spec.generate(prompt, GREEDY)[0].token_ids == plain.generate(prompt, GREEDY)[0].token_ids, prompt
