@@ -7,6 +7,11 @@
 # Each stage appends its output to STAGE.log (and JSON where the bench writes one) under $OUT, the
 # device tool's folder that comes back (./gpu_out elsewhere). The device image has torch, triton,
 # transformers, click and rich but no speclite install: the checkout is put on PYTHONPATH.
+# bitsandbytes is not in the image, and its wheel (43 MB) does not travel beside the tree: unpack it
+# here with only its CUDA 13 libraries (8 MB) and name .whl in the device call's carry:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_24_x86_64 \
+#     -d /tmp/whl bitsandbytes==0.50.2 && mkdir -p .whl/site && unzip -q -d .whl/site /tmp/whl/bitsandbytes-*.whl \
+#     && find .whl/site -name 'libbitsandbytes_*.so' ! -name '*cuda13*' -delete
 set -uo pipefail
 stage=${1:-}
 case "$stage" in
@@ -17,6 +22,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+[ -d .whl/site ] && export PYTHONPATH=$PWD/.whl/site:$PYTHONPATH
 log="$out/$stage.log"
 run() { echo "== $*" | tee -a "$log"; "$@" 2>&1 | tee -a "$log"; }
 
@@ -42,7 +48,9 @@ case "$stage" in
   kernels)  # W4A16 / FP8-block / W8A8 GEMMs and the verify kernel vs torch's ops and copy bandwidth
     run python3 benchmarks/kernels.py --reps 20 ;;
   decode)  # a decode step vs the roofline and transformers, bf16 / int4 / fp8 targets, CUDA graphs
-    run python3 benchmarks/decode.py --synthetic qwen2.5-7b --device cuda --static --quant none,int4,fp8-block \
+    quants=none,int4,fp8-block
+    python3 -c "import bitsandbytes" 2>/dev/null && quants=$quants,nf4
+    run python3 benchmarks/decode.py --synthetic qwen2.5-7b --device cuda --static --quant $quants \
       --max-new-tokens 128 --repeats 2 ;;
   decode-hf)  # the same against transformers' static cache + torch.compile
     run python3 benchmarks/decode.py --synthetic qwen2.5-7b --device cuda --static --quant none,int4 \
