@@ -141,3 +141,15 @@ def test_packing_helpers_reject_unpackable_shapes():
         to_gptq(w, "odd")
     values, scale = quantize_fp8_blocks(torch.randn(130, 20), (128, 128))
     assert values.shape == (130, 20) and scale.shape == (2, 1)
+
+
+def test_load_time_quantizers_stay_on_the_weights_device():
+    """A GPU's weights quantize on the GPU (a 7B model's int4 and fp8 went through the CPU, minutes on
+    the device's cores): every tensor the quantizers make is on the weight's device, shown here with
+    the meta device, which has no data to copy anywhere."""
+    from speclite.quant.int8 import quantize_int8_channel
+
+    w = torch.empty(256, 384, device="meta")
+    q = quantize_rtn(w, 128, sym=False)
+    values, scale = quantize_fp8_blocks(w)
+    assert {t.device.type for t in (q.q, q.scales, q.zeros, values, scale, *quantize_int8_channel(w))} == {"meta"}

@@ -46,12 +46,13 @@ def group_params(w: torch.Tensor, sym: bool) -> tuple[torch.Tensor, torch.Tensor
     """
     wmin = w.amin(-1).clamp(max=0)
     wmax = w.amax(-1).clamp(min=0)
+    maxq = torch.tensor(float(MAXQ), device=w.device)  # a device divisor: CUDA multiplies by a scalar's reciprocal
     if sym:
         m = torch.maximum(-wmin, wmax)
-        scale = 2 * m / MAXQ
+        scale = 2 * m / maxq
         zero = torch.full_like(scale, (MAXQ + 1) // 2)
     else:
-        scale = (wmax - wmin) / MAXQ
+        scale = (wmax - wmin) / maxq
         zero = None
     scale = torch.where(scale > 0, scale, torch.ones_like(scale)).half().float()
     if zero is None:
@@ -92,12 +93,13 @@ def _rtn(weight: torch.Tensor, group_size: int, sym: bool, pairs: bool, pool: Ex
     n, k = weight.shape
     groups = -(-k // group_size)
     width = groups * group_size
-    codes = torch.empty(n, k // 2 if pairs else k, dtype=torch.uint8)
-    scale, zero = torch.empty(n, groups), torch.empty(n, groups)
+    on = weight.device  # a GPU's weights quantize there: a 7B model in seconds, where a copy to the CPU took minutes
+    codes = torch.empty(n, k // 2 if pairs else k, dtype=torch.uint8, device=on)
+    scale, zero = torch.empty(n, groups, device=on), torch.empty(n, groups, device=on)
 
     def chunk(rows: slice) -> None:
         m = rows.stop - rows.start
-        w = torch.zeros(m, width) if width > k else torch.empty(m, k)
+        w = torch.zeros(m, width, device=on) if width > k else torch.empty(m, k, device=on)
         w[:, :k] = weight[rows]
         g = w.view(m, groups, group_size)
         s, z = group_params(g, sym)

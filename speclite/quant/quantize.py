@@ -275,7 +275,7 @@ def _replace(parent_module: nn.Module, name: str, scheme: str, group_size: int, 
         values, scale = quantize_fp8_blocks(weight, FP8_BLOCK_SIZE)
         new = Fp8Linear(values, scale, FP8_BLOCK_SIZE, bias, dtype, device)
     elif scheme == INT4:
-        new = Int4Linear(quantize_rtn(weight.cpu(), group_size, sym), bias, dtype, device)
+        new = Int4Linear(quantize_rtn(weight, group_size, sym), bias, dtype, device)
     elif scheme == NF4:
         new = nf4_linear(weight, bias, dtype, device)
     else:
