@@ -157,3 +157,29 @@ def test_gradients_flow_through_the_decoder_on_the_cpu(model_dirs):
     logits.logsumexp(-1).sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters() if p.dim() > 1)
     assert (logits.detach() - expected).abs().max() <= 1e-4
+
+
+def test_static_steps_read_the_cache_up_to_their_span(model_dirs, monkeypatch):
+    """A fixed-shape step attends the cache's first span keys (the next power of two above the
+    sequence, at least MIN_SPAN, at most the cache): the dynamic forward's logits, while keys past
+    the sequence are never read (NaNs in the unwritten slots change nothing)."""
+    import speclite.model.static as static_mod
+
+    monkeypatch.setattr(static_mod, "MIN_SPAN", 8)
+    model = load_model(model_dirs["qwen2"])
+    spans = []
+    forward_static = model.forward_static
+    monkeypatch.setattr(model, "forward_static", lambda *a: spans.append(a[-1]) or forward_static(*a))
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        dynamic_cache, static_cache = model.new_cache(48), model.new_cache(48)
+        for layer_k, layer_v in static_cache.layers:
+            layer_k.fill_(float("nan"))
+            layer_v.fill_(float("nan"))
+        static = static_mod.StaticDecoder(model, static_cache, max_tokens=8)
+        expected = torch.cat([model(ids[:6], dynamic_cache)] + [model(ids[i:i + 1], dynamic_cache) for i in range(6, 14)]
+                             + [model(ids[14:19], dynamic_cache), model(ids[19:40], dynamic_cache)])
+        got = torch.cat([static(ids[:6], static_cache)] + [static(ids[i:i + 1], static_cache) for i in range(6, 14)]
+                        + [static(ids[14:19], static_cache), static(ids[19:40], static_cache)])
+    assert spans == [8, 8, 8, 16, 16, 16, 16, 16, 16, 32]  # 40 tokens at once: the dynamic forward
+    assert got.isfinite().all() and (got - expected).abs().max() <= 1e-4

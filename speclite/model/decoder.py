@@ -204,11 +204,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def attended(start, t: int, cache_k: torch.Tensor) -> tuple[int, int]:
+def attended(start, t: int, cache_k: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[int, int]:
     """For the CPU attention kernels: the first new token's cache slot and how many keys to attend.
     The static path's positions are a tensor (no CUDA graphs on a CPU): read them, and attend the
-    whole cache under its mask."""
-    return (start, start + t) if isinstance(start, int) else (int(start[0]), cache_k.shape[1])
+    keys its mask spans (forward_static's span)."""
+    if isinstance(start, int):
+        return start, start + t
+    return int(start[0]), cache_k.shape[1] if mask is None else mask.shape[-1]
 
 
 def hooked(modules) -> bool:
@@ -292,7 +294,7 @@ class Attention(nn.Module):
         cache_k, cache_v = layer_cache
         if self.cpu_attention_applies(qkv, cache_k) and not cpu_gemm.needs_grad(qkv):
             # The q/k norms, RoPE, the cache write and attention in one call.
-            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k), mask,
+            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k, mask), mask,
                                           *self.qk_norm_weights())
             return self.o_proj(out)
         if self.gpu_rope_applies(qkv, cache_k):
@@ -314,9 +316,9 @@ class Attention(nn.Module):
             # Dynamic shapes: attend over the filled part of the cache only.
             keys, values = cache_k[:, :start + t], cache_v[:, :start + t]
         else:
-            # Static shapes (CUDA graphs): positions are a tensor, the whole cache is attended
-            # under the mask, so every launch has the same shape whatever the length.
-            keys, values = cache_k, cache_v
+            # Static shapes (CUDA graphs): positions are a tensor, the cache's first span keys (the
+            # mask's width) are attended under the mask, so every launch in a span has one shape.
+            keys, values = cache_k[:, :mask.shape[-1]], cache_v[:, :mask.shape[-1]]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             keys.unsqueeze(0),
@@ -375,7 +377,7 @@ class Block(nn.Module):
         fused = self.cpu_layer(x, layer_cache)
         if fused is not None:
             return cpu_layer_ops.decoder_layers(fused, x, cos, sin, [layer_cache],
-                                                *attended(start, x.shape[0], layer_cache[0]), mask)[0]
+                                                *attended(start, x.shape[0], layer_cache[0], mask), mask)[0]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -554,15 +556,16 @@ class Transformer(nn.Module):
         return cpu_layer_ops.Decoder(layers, embed.weight, cache.layers, cos, sin)
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor,
-                       cache: KVCache, wants: Wants = NOTHING) -> Step:
+                       cache: KVCache, wants: Wants = NOTHING, span: int | None = None) -> Step:
         """A tree (or chain) of tokens at positions `pos` written to cache `slots` (consecutive),
         with shapes that never change: every input is a device tensor.
 
         The caller advances cache.length; nothing here reads it, so the call can be captured in
-        a CUDA graph once and replayed at any position.
+        a CUDA graph once and replayed at any position below `span` (default: the whole cache): only
+        the cache's first span keys are read.
         """
         t = tokens.shape[0]
-        rel = torch.arange(cache.max_len, device=tokens.device) - slots[0]
+        rel = torch.arange(cache.max_len if span is None else span, device=tokens.device) - slots[0]
         inside = (rel >= 0) & (rel < t)
         at = rel.clamp(0, t - 1)
         mask = (rel < 0)[None, :] | (tree_mask[:, at] & inside[None, :])
@@ -608,7 +611,8 @@ class Transformer(nn.Module):
         if fused is not None:
             rows = min(num_logits, x.shape[0]) if num_logits else x.shape[0]  # as normed[-num_logits:] below
             x, layers, head = cpu_layer_ops.decoder_layers(fused, x, cos, sin, cache.layers,
-                                                           *attended(start, x.shape[0], cache.layers[0][0]),
+                                                           *attended(start, x.shape[0], cache.layers[0][0],
+                                                                     None if mask is CAUSAL else mask),
                                                            None if mask is CAUSAL else mask,
                                                            wants.layers, rows, wants.final)
             if head is not None:  # the final norm and the logits came out of the same call

@@ -17,17 +17,24 @@ from speclite.model.kv_cache import KVCache
 from speclite.model.step import NOTHING, Step, Tree, Wants
 
 
+# A step attends the cache's first `span` keys, the next power of two above the sequence (at least
+# MIN_SPAN): a graph per span reads at most twice the filled cache, where one graph for the whole
+# context read all of it every step (Qwen2.5-7B's 32k context: 1.9 GB of keys and values a step
+# beside 15 GB of weights; a 0.5B model's, 0.4 GB beside 1 GB).
+MIN_SPAN = 256
+
+
 class StaticDecoder:
     """Callable like Transformer (forward and step), bound to one cache.
 
-    A graph is captured per (token count, wants): a chain and a tree of the same size share it,
-    since positions, cache slots and the tree mask are all inputs.
+    A graph is captured per (token count, wants, span): a chain and a tree of the same size share
+    it, since positions, cache slots and the tree mask are all inputs.
     """
 
     def __init__(self, model: Transformer, cache: KVCache, max_tokens: int = 16):
         self.model, self.cache, self.max_tokens = model, cache, max_tokens
         self.args = model.args
-        self.graphs: dict[tuple, tuple] = {}  # (token count, wants) -> (graph, inputs, output Step)
+        self.graphs: dict[tuple, tuple] = {}  # (token count, wants, span) -> (graph, inputs, output Step)
         self.use_graphs = cache.layers[0][0].device.type == "cuda"
 
     def new_cache(self, max_len: int) -> KVCache:
@@ -65,19 +72,20 @@ class StaticDecoder:
         else:
             pos, mask = start + tree.depth, tree.mask
         inputs = (tokens, pos, slots, mask)
+        span = min(cache.max_len, max(MIN_SPAN, 1 << (start + t - 1).bit_length()))
         if self.use_graphs:
-            step = self._replay(inputs, wants)
+            step = self._replay(inputs, wants, span)
         else:
-            step = self.model.forward_static(*inputs, cache, wants)
+            step = self.model.forward_static(*inputs, cache, wants, span)
         cache.length = start + t
         if num_logits is not None:
             step.logits = step.logits[-num_logits:]
         return step
 
-    def _replay(self, inputs: tuple, wants: Wants) -> Step:
-        key = (inputs[0].shape[0], wants)
+    def _replay(self, inputs: tuple, wants: Wants, span: int) -> Step:
+        key = (inputs[0].shape[0], wants, span)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(inputs, wants)
+            self.graphs[key] = self._capture(inputs, wants, span)
         graph, static_inputs, out = self.graphs[key]
         for dst, src in zip(static_inputs, inputs):
             dst.copy_(src)
@@ -86,7 +94,7 @@ class StaticDecoder:
         return Step(out.logits.clone(), None if out.final is None else out.final.clone(),
                     {i: h.clone() for i, h in out.layers.items()})
 
-    def _capture(self, inputs: tuple, wants: Wants):
+    def _capture(self, inputs: tuple, wants: Wants, span: int):
         static_inputs = tuple(x.clone() for x in inputs)
         # Warm up on a side stream (lazy initialisation, kernel autotuning) before capturing.
         # The warm-up writes KV at the slots, which the real replay rewrites with the same values.
@@ -94,9 +102,9 @@ class StaticDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.model.forward_static(*static_inputs, self.cache, wants)
+                self.model.forward_static(*static_inputs, self.cache, wants, span)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self.model.forward_static(*static_inputs, self.cache, wants)
+            out = self.model.forward_static(*static_inputs, self.cache, wants, span)
         return graph, static_inputs, out
