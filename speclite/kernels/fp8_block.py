@@ -8,6 +8,7 @@ group, so every (token group, weight block) pair has one scale product.
 import torch
 
 from .dispatch import fp8_dot_supported, use_triton
+from .exact import quotient
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_SCALE_EPS = 1e-10  # floor on scales: an all-zero group must not divide by zero
@@ -18,9 +19,7 @@ def per_token_group_quant_fp8_torch(x: torch.Tensor, group_size: int = 128):
     m, k = x.shape
     groups = -(-k // group_size)
     xg = torch.nn.functional.pad(x.float(), (0, groups * group_size - k)).view(m, groups, group_size)
-    # A divisor on x's device: CUDA torch multiplies by a CPU scalar's reciprocal, not the exact quotient
-    # the kernels (and the CPU) compute.
-    scales = torch.clamp(xg.abs().amax(dim=-1) / torch.tensor(FP8_MAX, device=x.device), min=FP8_SCALE_EPS)
+    scales = torch.clamp(quotient(xg.abs().amax(dim=-1), FP8_MAX), min=FP8_SCALE_EPS)
     xq = torch.clamp(xg / scales.unsqueeze(-1), -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return xq.view(m, groups * group_size)[:, :k].contiguous(), scales
 

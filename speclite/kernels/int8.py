@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .dispatch import use_triton
+from .exact import quotient
 
 INT8_SCALE_EPS = 1e-10  # floor on scales: an all-zero row must not divide by zero
 
@@ -14,10 +15,7 @@ INT8_SCALE_EPS = 1e-10  # floor on scales: an all-zero row must not divide by ze
 def per_token_quant_int8_torch(x: torch.Tensor):
     """x [M, K] -> (int8 [M, K], fp32 scales [M, 1]), symmetric, scale = absmax / 127, ties to even."""
     xf = x.float()
-    # A divisor on x's device: CUDA torch multiplies by a CPU scalar's reciprocal, not the exact quotient
-    # the kernels (and the CPU) compute.
-    scales = torch.clamp(xf.abs().amax(dim=1, keepdim=True) / torch.tensor(127.0, device=x.device),
-                         min=INT8_SCALE_EPS)
+    scales = torch.clamp(quotient(xf.abs().amax(dim=1, keepdim=True), 127.0), min=INT8_SCALE_EPS)
     return torch.clamp(torch.round(xf / scales), -127, 127).to(torch.int8), scales
 
 

@@ -10,6 +10,7 @@ from concurrent.futures import Executor
 
 import torch
 
+from speclite.kernels.exact import quotient
 from speclite.quant.rows import row_slices, run_chunks
 
 FP8 = torch.float8_e4m3fn
@@ -28,7 +29,6 @@ def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int] = (128, 128
     nb, kb = -(-n // bn), -(-k // bk)
     on = weight.device  # a GPU's weights quantize there (see int4._rtn)
     values, scale = torch.empty(n, k, dtype=FP8, device=on), torch.empty(nb, kb, device=on)
-    fp8_max = torch.tensor(FP8_MAX, device=on)  # a device divisor: CUDA would multiply by a scalar's reciprocal
 
     def chunk(rows: slice) -> None:
         m = rows.stop - rows.start
@@ -38,7 +38,7 @@ def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int] = (128, 128
         tiles = w.view(mb, bn, kb, bk)
         amax = torch.maximum(tiles.amax(dim=(1, 3)), -tiles.amin(dim=(1, 3)))  # max |w| without a copy
         # An all-zero tile gets scale 1 so it stays exactly zero and the scale stays finite.
-        s = torch.where(amax > 0, amax / fp8_max, torch.ones_like(amax))
+        s = torch.where(amax > 0, quotient(amax, FP8_MAX), torch.ones_like(amax))
         tiles.div_(s[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX)
         values[rows] = w[:m, :k]
         scale[rows.start // bn: rows.start // bn + mb] = s

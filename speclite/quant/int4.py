@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from speclite.errors import SpecliteError
+from speclite.kernels.exact import quotient
 from speclite.quant.rows import row_slices, run_chunks
 
 MAXQ = 15
@@ -46,13 +47,12 @@ def group_params(w: torch.Tensor, sym: bool) -> tuple[torch.Tensor, torch.Tensor
     """
     wmin = w.amin(-1).clamp(max=0)
     wmax = w.amax(-1).clamp(min=0)
-    maxq = torch.tensor(float(MAXQ), device=w.device)  # a device divisor: CUDA multiplies by a scalar's reciprocal
     if sym:
         m = torch.maximum(-wmin, wmax)
-        scale = 2 * m / maxq
+        scale = quotient(2 * m, MAXQ)
         zero = torch.full_like(scale, (MAXQ + 1) // 2)
     else:
-        scale = (wmax - wmin) / maxq
+        scale = quotient(wmax - wmin, MAXQ)
         zero = None
     scale = torch.where(scale > 0, scale, torch.ones_like(scale)).half().float()
     if zero is None:
