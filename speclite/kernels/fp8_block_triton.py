@@ -1,8 +1,9 @@
 """Triton FP8 block GEMM: fp8 x fp8 tl.dot per K tile, block scales applied to each tile's partial.
 
 Two launches: the activation quantizer, then the GEMM (split-K GEMV-shaped for decode and
-verification rows, tuning.GEMV_ROWS, tiled for prefill; tuned per shape). BLOCK_K divides the 128-channel scale group so every
-K tile has one activation scale per row and one weight scale per output block.
+verification rows, tuning.GEMV_ROWS, tiled for prefill; tuned per shape). BLOCK_K divides the
+128-channel scale group so every K tile has one activation scale per row and one weight scale per
+output block.
 """
 
 from typing import Optional

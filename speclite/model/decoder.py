@@ -294,8 +294,8 @@ class Attention(nn.Module):
         cache_k, cache_v = layer_cache
         if self.cpu_attention_applies(qkv, cache_k) and not cpu_gemm.needs_grad(qkv):
             # The q/k norms, RoPE, the cache write and attention in one call.
-            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k, mask), mask,
-                                          *self.qk_norm_weights())
+            out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k, mask),
+                                          mask, *self.qk_norm_weights())
             return self.o_proj(out)
         if self.gpu_rope_applies(qkv, cache_k):
             # The q/k norms, RoPE and the cache write in one kernel.
