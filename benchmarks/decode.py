@@ -11,10 +11,11 @@ the median over --repeats is reported. Per target: tokens/s, the weight bytes it
 (speclite.engine.memory.step_bytes) and the fraction of the roofline reached (weight bytes / copy
 bandwidth, measured in the same run, is the fastest a batch-1 step can be). transformers runs its
 dynamic cache and, with --hf-static, its static cache with torch.compile where that works (a
-failure is one line of output, not the end of the run). speclite's models are placed as LLM places
-them (speclite.model.prepare): float32 weights exact in 16 bits narrowed, then the arena (CPU), q/k/v and gate/up joined (GPU);
---wide also times the model as loaded, every weight float32 (what narrowing saves); --stored picks
-the synthetic checkpoint's dtype (most real ones are bf16) apart from the run's --dtype.
+failure is one line of output, not the end of the run). speclite's models are prepared as LLM
+prepares them (speclite.model.prepare): float32 weights exact in 16 bits narrowed, then the arena
+(CPU), q/k/v and gate/up joined (GPU); --wide also times the model as loaded, every weight float32
+(what narrowing saves); --stored picks the synthetic checkpoint's dtype (most real ones are bf16)
+apart from the run's --dtype.
 """
 
 from __future__ import annotations
