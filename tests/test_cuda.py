@@ -59,6 +59,34 @@ def test_w4a16_kernel_equals_its_torch_path(m, k, n, group, act_order):
         torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().mean().item())
 
 
+@pytest.mark.parametrize("block_k", [64, 128, 256])
+def test_w4a16_tile_kinds_compiled_and_rows_independent(block_k):
+    """Each way a W4A16 tile is worked, compiled: BLOCK_K 64 and 128 inside a 128-channel group
+    (integer weights, the scale after the dot; 128 loads each packed word once) and 256 (groups
+    gathered per channel). Against the torch path, and each row alone bit for bit its row of a
+    9-row call: a verification's tokens are the plain steps' tokens."""
+    from speclite.kernels import w4a16_triton
+    from speclite.kernels.tuning import GemmConfig
+
+    g, k, n = cuda_gen(block_k), 3584, 1024
+    qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), generator=g, device="cuda", dtype=torch.int64).to(torch.int32)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (k // 128, n // 8), generator=g, device="cuda",
+                           dtype=torch.int64).to(torch.int32)
+    scales = (torch.rand(k // 128, n, generator=g, device="cuda") * 0.02 + 0.005).half()
+    config = GemmConfig(16, 64, block_k, 4)
+    for dtype in (torch.float16, torch.bfloat16):
+        x = (torch.randn(9, k, generator=g, device="cuda") * 0.5).to(dtype)
+        y = w4a16_triton.w4a16_gemm(x, qweight, qzeros, scales, None, 128, config=config)
+        kernels.force_torch(True)
+        try:
+            ref = kernels.w4a16_gemm(x, qweight, qzeros, scales, None, 128)
+        finally:
+            kernels.force_torch(False)
+        torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().mean().item())
+        alone = [w4a16_triton.w4a16_gemm(x[i:i + 1], qweight, qzeros, scales, None, 128, config=config) for i in range(9)]
+        assert torch.equal(torch.cat(alone), y)
+
+
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize("k,n", [(896, 4864), (3584, 512), (200, 136)])
 def test_fp8_block_kernel_equals_its_torch_path(m, k, n):

@@ -91,3 +91,47 @@ def test_triton_matches_reference(m, k, n, group_size, act_order, dtype, cfg):
     assert y.dtype == dtype and y.shape == (m, n)
     tol = 2e-3 if dtype == torch.float16 else 1e-5
     torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("m,k,n,dtype,split", [
+    (1, 384, 40, torch.float16, 3),  # whole tiles, one per split
+    (5, 328, 24, torch.float32, 2),  # a ragged last tile (41 packed rows: 16 + 16 + 9)
+    (3, 256, 16, torch.float16, 1),  # two tiles summed in one program
+])
+def test_triton_tiles_of_whole_packed_words_match_the_format(m, k, n, dtype, split):
+    """BLOCK_K 128 inside a 128-channel group: each packed word loaded once, its nibbles as eight dots,
+    the integers (q - zero) multiplied and the group's scale applied to the tile's sum: the format's
+    numbers (float64), and the other tile shapes' within rounding."""
+    triton_mod = pytest.importorskip("speclite.kernels.w4a16_triton")
+    from speclite.kernels.tuning import GemmConfig
+
+    x, q, zeros, scales, g_idx = make_case(m, k, n, 128, False, dtype, seed=m * k + n)
+    args = (x, pack_rows(q), pack_cols(zeros), scales, g_idx, 128)
+    y = triton_mod.w4a16_gemm(*args, config=GemmConfig(16, 16, 128, split))
+    assert y.dtype == dtype and y.shape == (m, n)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(y.double(), plain_reference(x, q, zeros, scales, g_idx, 128), rtol=tol, atol=tol)
+    torch.testing.assert_close(y, triton_mod.w4a16_gemm(*args, config=GemmConfig(16, 16, 64, 1)), rtol=tol, atol=tol)
+
+
+def test_triton_takes_column_ranges_of_wider_packed_tensors():
+    """q, k and v joined (decoder.join_projections): each part's qweight, qzeros and scales are column
+    views of one tensor, rows strided by the whole width; the parts' products and the joint one equal
+    each part on its own tensors, bit for bit."""
+    triton_mod = pytest.importorskip("speclite.kernels.w4a16_triton")
+    from speclite.kernels.tuning import GemmConfig
+
+    widths, k, gen = (32, 16, 24), 256, torch.Generator().manual_seed(11)
+    parts = [make_case(3, k, n, 128, False, torch.float16, seed=n)[1:4] for n in widths]
+    x = (torch.randn(3, k, generator=gen) * 0.5).to(torch.float16)
+    own = [(pack_rows(q), pack_cols(z), s) for q, z, s in parts]
+    joint = [torch.cat(ts, dim=1) for ts in zip(*own)]
+    config = GemmConfig(16, 16, 128, 2)
+    alone = [triton_mod.w4a16_gemm(x, *t, None, 128, config=config) for t in own]
+    col = 0
+    for n, mine in zip(widths, alone):
+        views = (joint[0][:, col:col + n], joint[1][:, col // 8:(col + n) // 8], joint[2][:, col:col + n])
+        assert not views[0].is_contiguous()
+        assert torch.equal(triton_mod.w4a16_gemm(x, *views, None, 128, config=config), mine)
+        col += n
+    assert torch.equal(triton_mod.w4a16_gemm(x, *joint, None, 128, config=config), torch.cat(alone, dim=1))

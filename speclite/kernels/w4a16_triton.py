@@ -5,6 +5,12 @@ variant for decode and k+1-token verify (M up to tuning.GEMV_ROWS: memory bound,
 stream disjoint K ranges of the weight), with large tiles and one split it is the tiled prefill
 GEMM. The split count is the grid's third axis, not a constexpr, so splits share one compile.
 The tuner picks per shape, one config for every decode and verification row count.
+
+A tile inside one quantization group (no act-order, BLOCK_K dividing the group) multiplies
+integers (q - zero) and scales the tile's result once; with BLOCK_K >= 128 it also loads each
+packed word once rather than once per nibble. On an H200 the first version (every weight shifted,
+dequantized and rounded on its own, each word loaded eight times) reached 6-17% of copy bandwidth
+at M = 1 (benchmarks/RESULTS.md, GPU), with the tuner's picks then unreliable as well.
 """
 
 import weakref
@@ -21,7 +27,7 @@ from .triton_common import dot_precision, finish_split_k, gemm_out_buffers, spli
 @triton.jit
 def _w4a16_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, gidx_ptr, out_ptr,
-    M, N, K, stride_xm,
+    M, N, K, stride_xm, stride_qw, stride_qz, stride_s,
     GROUP_SIZE: tl.constexpr, HAS_GIDX: tl.constexpr, TILE_IN_ONE_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -38,29 +44,54 @@ def _w4a16_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kt in range(first, last):
-        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        mask_kn = mask_k[:, None] & mask_n[None, :]
-        packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * N + offs_n[None, :], mask=mask_kn, other=0)
-        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
         if TILE_IN_ONE_GROUP:
-            # Whole tile inside one group: one row of scales/zeros, broadcast over K.
+            # One group's scale and zero for the whole tile: the dot takes the integer weights q - zero
+            # (exact in any float dtype) and the scale multiplies its [M, N] result once, not each weight.
             g = (kt * BLOCK_K) // GROUP_SIZE
-            scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            zp = tl.load(qz_ptr + g * (N // 8) + offs_n // 8, mask=mask_n, other=0)
-            zero = ((zp >> zero_shift) & 0xF)[None, :]
+            scale = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            zero = (tl.load(qz_ptr + g * stride_qz + offs_n // 8, mask=mask_n, other=0) >> zero_shift) & 0xF
+            if BLOCK_K >= 128:
+                # Each packed word loaded once: nibble j of row r is channel 8r + j, so the tile is 8
+                # dots of BLOCK_K / 8 (>= 16, tl.dot's least K) channels, x's columns 8r + j beside them.
+                rows = kt * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+                mask_r = rows < K // 8
+                packed = tl.load(qw_ptr + rows[:, None] * stride_qw + offs_n[None, :],
+                                 mask=mask_r[:, None] & mask_n[None, :], other=0)
+                part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for j in tl.static_range(8):
+                    a = tl.load(x_ptr + offs_m[:, None] * stride_xm + (rows * 8 + j)[None, :],
+                                mask=mask_m[:, None] & mask_r[None, :], other=0.0)
+                    w = (((packed >> (4 * j)) & 0xF) - zero[None, :]).to(a.dtype)
+                    part = tl.dot(a, w, part, input_precision=DOT_PRECISION)
+            else:
+                offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+                mask_k = offs_k < K
+                a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                            mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * stride_qw + offs_n[None, :],
+                                 mask=mask_k[:, None] & mask_n[None, :], other=0)
+                w = (((packed >> ((offs_k % 8) * 4)[:, None]) & 0xF) - zero[None, :]).to(a.dtype)
+                part = tl.dot(a, w, input_precision=DOT_PRECISION)
+            acc += part * scale[None, :]
         else:
+            # Groups change within the tile (act-order g_idx, or groups narrower than BLOCK_K): each
+            # weight dequantized with its own group's scale and zero.
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            mask_kn = mask_k[:, None] & mask_n[None, :]
+            packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * stride_qw + offs_n[None, :], mask=mask_kn, other=0)
+            q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
             if HAS_GIDX:
                 g = tl.load(gidx_ptr + offs_k, mask=mask_k, other=0)
             else:
                 g = offs_k // GROUP_SIZE
-            scale = tl.load(s_ptr + g[:, None] * N + offs_n[None, :], mask=mask_kn, other=0.0).to(tl.float32)
-            zp = tl.load(qz_ptr + g[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask_kn, other=0)
+            scale = tl.load(s_ptr + g[:, None] * stride_s + offs_n[None, :], mask=mask_kn, other=0.0).to(tl.float32)
+            zp = tl.load(qz_ptr + g[:, None] * stride_qz + (offs_n // 8)[None, :], mask=mask_kn, other=0)
             zero = (zp >> zero_shift[None, :]) & 0xF
-        w = ((q - zero).to(tl.float32) * scale).to(a.dtype)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+            w = ((q - zero).to(tl.float32) * scale).to(a.dtype)
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
 
     # split pid_k writes its fp32 partial to workspace slice pid_k; without split-K, pid_k = 0: the output
     dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
@@ -89,7 +120,8 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
                g_idx: Optional[torch.Tensor], group_size: int,
                config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
     """Same contract as speclite.kernels.w4a16_gemm; config pins the launch (tests), else tuned."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    # The packed tensors may be column ranges of wider ones (decoder.join_projections): rows strided.
+    x, qweight, qzeros, scales = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, qweight, qzeros, scales))
     m, k = x.shape
     n = qweight.shape[1]
     g_idx = _drop_trivial_gidx(g_idx, group_size)
@@ -100,7 +132,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
         _w4a16_kernel[grid](
             x, qweight, qzeros, scales, gidx if gidx is not None else qweight, target,
-            m, n, k, x.stride(0),
+            m, n, k, x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
             GROUP_SIZE=group_size, HAS_GIDX=gidx is not None,
             TILE_IN_ONE_GROUP=gidx is None and group_size % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
