@@ -171,7 +171,7 @@ def test_joined_projections_are_views_and_give_the_same_logits(as_on_a_gpu):
     for block in model.model.layers:
         attn, mlp = block.self_attn, block.mlp
         for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
-            weight = group[0].joined[0]
+            weight = group[0].joined[0].weight
             assert all(m.weight.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr() for m in group)
     assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
@@ -185,3 +185,68 @@ def test_joined_projections_are_views_and_give_the_same_logits(as_on_a_gpu):
         from speclite.model.decoder import project
         qkv = project(x, attn.q_proj, attn.k_proj, attn.v_proj)
     torch.testing.assert_close(qkv[:, 64:96], x @ attn.k_proj.weight.T + attn.k_proj.bias)
+
+
+def quantized(model, scheme, fp8_block=(16, 16)):
+    """Every block's linears as the quantized modules a GPU runs (kernels=True: their torch paths on
+    these CPU tensors)."""
+    from speclite.quant.fp8 import quantize_fp8_blocks
+    from speclite.quant.int4 import quantize_rtn
+    from speclite.quant.int8 import quantize_int8_channel
+    from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear
+
+    for block in model.model.layers:
+        for parent in (block.self_attn, block.mlp):
+            for name, linear in list(parent.named_children()):
+                if not isinstance(linear, torch.nn.Linear):
+                    continue
+                w, b = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
+                if scheme == "int4":
+                    new = Int4Linear(quantize_rtn(w, 32, False), b, torch.float32, "cpu", kernels=True)
+                elif scheme == "fp8-block":
+                    new = Fp8Linear(*quantize_fp8_blocks(w, fp8_block), fp8_block, b, torch.float32, "cpu", kernels=True)
+                else:
+                    new = Int8Linear(*quantize_int8_channel(w), b, torch.float32, "cpu", kernels=True)
+                setattr(parent, name, new)
+    return model
+
+
+@pytest.mark.parametrize("scheme", ["int4", "fp8-block", "w8a8"])
+def test_joined_quantized_projections_are_views_and_give_the_same_logits(scheme, as_on_a_gpu):
+    """Quantized q/k/v and gate/up joined too: W4A16's packed weights, zeros and scales as columns,
+    FP8 blocks and W8A8 rows with their scales as rows; each module's tensors views of the joint ones
+    (no byte added, the state dict the same numbers) and the same logits."""
+    from speclite.model.decoder import join_projections
+
+    model = quantized(small_model("qwen2.5-0.5b"), scheme)
+    as_on_a_gpu(True)
+    before = two_steps(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    nbytes = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in model.state_dict().values()}.values())
+    join_projections(model)
+    joined = {t.untyped_storage().data_ptr(): t for t in model.state_dict().values()}
+    assert sum(t.untyped_storage().nbytes() for t in joined.values()) == nbytes
+    for block in model.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
+            joint = group[0].joined[0]
+            assert type(joint) is type(group[0]) and joint.out_features == sum(m.out_features for m in group)
+            for name, tensor in joint.named_buffers():
+                if name != "g_idx":
+                    assert all(getattr(m, name).untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+                               for m in group)
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    for mine, theirs in zip(two_steps(model), before):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_parts_of_partial_blocks_stay_apart(as_on_a_gpu):
+    """FP8 parts whose rows end inside a scale block (k and v 32 rows wide, blocks of 128) cannot share
+    the joint scale rows: they keep their own kernels."""
+    from speclite.model.decoder import join_projections
+
+    model = quantized(small_model("qwen2.5-0.5b"), "fp8-block", fp8_block=(128, 128))
+    as_on_a_gpu(True)
+    join_projections(model)
+    assert not any(hasattr(m, "joined") for m in model.modules())

@@ -8,6 +8,7 @@ tokens' keys/values to a static cache at cache.length and attends over everythin
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -175,6 +176,14 @@ class Linear(nn.Linear):
         """The linears (one input) for one AVX2 kernel call (cpu_gemm.module_matrices)."""
         return cpu_gemm.dense_matrices([m.weight for m in linears], cpu_gemm.joined_bias(linears))
 
+    @staticmethod
+    def gpu_join_dims(linears) -> dict | None:
+        """join_projections: weights of one dtype and input width, joined as rows."""
+        first = linears[0].weight
+        if all(m.weight.dtype == first.dtype and m.weight.shape[1] == first.shape[1] for m in linears):
+            return {"weight": 0}
+        return None
+
 
 def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, 1, head_dim] for positions `pos`, computed in float32, stored in `dtype`."""
@@ -229,17 +238,18 @@ def project(x: torch.Tensor, *linears: nn.Module) -> torch.Tensor:
     if mats is not None:
         return cpu_gemm.matmul(x, mats)
     joined = getattr(linears[0], "joined", None)
-    if joined is not None and _pointers(linears) == joined[2]:  # the parameters are still its views
-        return kernels.linear(x, joined[0], joined[1])
+    if joined is not None and _pointers(linears) == joined[1]:  # the tensors are still its views
+        return joined[0](x)
     return torch.cat([m(x) for m in linears], dim=-1)
 
 
 def join_projections(*models: nn.Module) -> None:
-    """Where the GPU layer ops run: each block's q/k/v and gate/up weights (and biases) become row
-    ranges of one tensor, so `project` runs one GEMM where it ran three (two) and a cat; the
-    modules keep their parameters (views now: no byte added, the state dict unchanged). Dense
-    layers of one dtype only (quantized ones keep their own kernels). Call after loading and
-    quantizing, before the first forward and before capturing CUDA graphs."""
+    """Where the GPU layer ops run: each block's q/k/v and gate/up tensors (weights, biases, a
+    quantized layer's scales and zeros) become ranges of one tensor each, so `project` runs one GEMM
+    where it ran three (two) and a cat; the modules keep their tensors (views now: no byte added,
+    the state dict unchanged). Layers of one class whose `gpu_join_dims` allows it: dense ones of
+    one dtype, W4A16 of one group and act-order, FP8 blocks whole per part, W8A8. Call after
+    loading and quantizing, before the first forward and before capturing CUDA graphs."""
     for model in models:
         for module in model.modules():
             if isinstance(module, Attention):
@@ -249,29 +259,41 @@ def join_projections(*models: nn.Module) -> None:
 
 
 def _join(linears: list[nn.Module]) -> None:
-    if not all(type(m) is Linear for m in linears):
+    first, cls = linears[0], type(linears[0])
+    tensors = [*first.parameters(recurse=False), *first.buffers(recurse=False)]
+    if not (all(type(m) is cls for m in linears) and hasattr(cls, "gpu_join_dims") and tensors
+            and gpu_layer_ops.takes(tensors[0])):
         return
-    first = linears[0].weight
+    dims = cls.gpu_join_dims(linears)  # tensor name -> the dimension the parts' outputs lie along
     biases = [m.bias for m in linears]
-    if not (gpu_layer_ops.takes(first)
-            and all(m.weight.dtype == first.dtype and m.weight.shape[1] == first.shape[1] for m in linears)
-            and (all(b is None for b in biases) or all(b is not None and b.dtype == biases[0].dtype for b in biases))):
+    if dims is None or not (all(b is None for b in biases) or all(b is not None and b.dtype == biases[0].dtype
+                                                                   for b in biases)):
         return
+    if biases[0] is not None:
+        dims = dims | {"bias": 0}
+    joint = copy.copy(first)  # its settings (group size, path); its own tensor tables, filled below
+    joint._parameters, joint._buffers = dict(first._parameters), dict(first._buffers)
+    joint.__dict__.pop("joined", None)
+    joint.out_features = sum(m.out_features for m in linears)
     with torch.no_grad():
-        weight = torch.cat([m.weight for m in linears])
-        bias = None if biases[0] is None else torch.cat(biases)
-    row = 0
-    for m in linears:
-        rows = slice(row, row + m.weight.shape[0])
-        m.weight = nn.Parameter(weight[rows], requires_grad=m.weight.requires_grad)
-        if bias is not None:
-            m.bias = nn.Parameter(bias[rows], requires_grad=m.bias.requires_grad)
-        row = rows.stop
-    linears[0].joined = (weight, bias, _pointers(linears))
+        for name, dim in dims.items():
+            parts = [getattr(m, name) for m in linears]
+            whole = torch.cat(parts, dim)
+            setattr(joint, name, _like(parts[0], whole))
+            at = 0
+            for m, part in zip(linears, parts):
+                setattr(m, name, _like(part, whole.narrow(dim, at, part.shape[dim])))
+                at += part.shape[dim]
+    first.joined = (joint, _pointers(linears))
+
+
+def _like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """new as a parameter where old was one (a module's buffers stay plain tensors)."""
+    return nn.Parameter(new, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else new
 
 
 def _pointers(linears) -> list[int]:
-    return [p.data_ptr() for m in linears for p in (m.weight, m.bias) if p is not None]
+    return [t.data_ptr() for m in linears for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))]
 
 
 class Attention(nn.Module):

@@ -85,6 +85,16 @@ class Fp8Linear(QuantLinear):
             return kernels.fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block)
         return kernels.linear(x, self.weight)
 
+    @staticmethod
+    def gpu_join_dims(linears) -> dict | None:
+        """decoder.join_projections on a GPU: FP8 blocks of one shape, each part whole blocks of rows, so
+        the joined scale rows line up; weights and scales joined as rows."""
+        first = linears[0]
+        if all(m.path == "fp8_block_gemm" and m.block == first.block and m.out_features % first.block[0] == 0
+               for m in linears):
+            return {"weight": 0, "weight_scale_inv": 0}
+        return None
+
 
 class Int8Linear(QuantLinear):
     """int8 per-channel weights: a W8A8 checkpoint, or weight-only int8 (bitsandbytes LLM.int8).
@@ -125,6 +135,11 @@ class Int8Linear(QuantLinear):
             return cpu_gemm.matmul(x, cpu_gemm.int8_matrices([self.weight], [self.weight_scale], self.in_features))
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.weight_scale)
         return y.to(x.dtype)
+
+    @staticmethod
+    def gpu_join_dims(linears) -> dict | None:
+        """decoder.join_projections on a GPU: W8A8 weights and their per-channel scales joined as rows."""
+        return {"weight": 0, "weight_scale": 0} if all(m.path == "int8_gemm" for m in linears) else None
 
     @staticmethod
     def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
@@ -195,6 +210,17 @@ class Int4Linear(QuantLinear):
             xb = xb[:, self.perm]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, self.group_size, self.scales_zeros)
         return y.to(x.dtype)
+
+    @staticmethod
+    def gpu_join_dims(linears) -> dict | None:
+        """decoder.join_projections on a GPU: W4A16 parts of one group size, scale dtype and input-channel
+        groups (act-order), each a multiple of 8 wide (qzeros packs 8 outputs a word), joined as columns
+        of qweight, qzeros and scales (the kernel takes their row strides)."""
+        first = linears[0]
+        if all(m.path == "w4a16_gemm" and m.group_size == first.group_size and m.out_features % 8 == 0
+               and m.scales.dtype == first.scales.dtype and torch.equal(m.g_idx, first.g_idx) for m in linears):
+            return {"qweight": 1, "qzeros": 1, "scales": 1}
+        return None
 
 
 def _contiguous_group_order(g_idx: torch.Tensor, group_size: int) -> torch.Tensor | None:
