@@ -201,8 +201,12 @@ def quantized(model, scheme, fp8_block=(16, 16)):
                 if not isinstance(linear, torch.nn.Linear):
                     continue
                 w, b = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
-                if scheme == "int4":
-                    new = Int4Linear(quantize_rtn(w, 32, False), b, torch.float32, "cpu", kernels=True)
+                if scheme.startswith("int4"):
+                    q4 = quantize_rtn(w, 32, False)
+                    if scheme == "int4-act-order":  # one shuffle of the groups per input width, as GPTQ's desc_act
+                        perm = torch.randperm(w.shape[1], generator=torch.Generator().manual_seed(w.shape[1]))
+                        q4.q, q4.g_idx = q4.q[:, perm], q4.g_idx[perm]
+                    new = Int4Linear(q4, b, torch.float32, "cpu", kernels=True)
                 elif scheme == "fp8-block":
                     new = Fp8Linear(*quantize_fp8_blocks(w, fp8_block), fp8_block, b, torch.float32, "cpu", kernels=True)
                 else:
@@ -211,7 +215,7 @@ def quantized(model, scheme, fp8_block=(16, 16)):
     return model
 
 
-@pytest.mark.parametrize("scheme", ["int4", "fp8-block", "w8a8"])
+@pytest.mark.parametrize("scheme", ["int4", "int4-act-order", "fp8-block", "w8a8"])
 def test_joined_quantized_projections_are_views_and_give_the_same_logits(scheme, as_on_a_gpu):
     """Quantized q/k/v and gate/up joined too: W4A16's packed weights, zeros and scales as columns,
     FP8 blocks and W8A8 rows with their scales as rows; each module's tensors views of the joint ones
@@ -232,7 +236,7 @@ def test_joined_quantized_projections_are_views_and_give_the_same_logits(scheme,
             joint = group[0].joined[0]
             assert type(joint) is type(group[0]) and joint.out_features == sum(m.out_features for m in group)
             for name, tensor in joint.named_buffers():
-                if name != "g_idx":
+                if name != "perm":
                     assert all(getattr(m, name).untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
                                for m in group)
     assert model.state_dict().keys() == state.keys()

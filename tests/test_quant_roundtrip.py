@@ -130,6 +130,16 @@ def test_kernel_path_matches_cpu_path():
         reference = torch.nn.functional.linear(x, q4.dequantize(), bias)
         assert rel_err(k, reference) < 1e-5
         assert rel_err(c, reference) < 0.01  # CPU: int8 (AVX2 kernel) or bf16 (int4pack) activations
+        # The kernel path stores act-order channels in group order (x gathered per call): no g_idx left.
+        layer = Int4Linear(q4, bias, torch.float32, "cpu", True)
+        assert layer.g_idx is None and (layer.perm is not None) == act_order
+    # Groups of uneven sizes cannot be put in order: the kernel gathers each channel's group.
+    q4 = quantize_rtn(w, 64, sym=False)
+    q4.g_idx = torch.randint(0, 4, (256,), generator=torch.Generator().manual_seed(3)).int()
+    layer = Int4Linear(q4, bias, torch.float32, "cpu", True)
+    assert layer.perm is None and torch.equal(layer.g_idx, q4.g_idx)
+    with torch.no_grad():
+        assert rel_err(layer(x), torch.nn.functional.linear(x, q4.dequantize(), bias)) < 1e-5
 
 
 @pytest.mark.parametrize("kind,n,k,group", [

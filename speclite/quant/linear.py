@@ -156,14 +156,23 @@ class Int4Linear(QuantLinear):
         n, k = w.q.shape
         super().__init__(k, n, bias, dtype, device, kernels)
         self.group_size = w.group_size
+        perm = _contiguous_group_order(w.g_idx, w.group_size)
         if self.use_kernels:
             self.path = "w4a16_gemm"
+            # Act-order (g_idx a shuffle of whole groups): the input channels kept in group order and x's
+            # columns gathered to match each call, so every K tile lies in one group (the kernel's fast
+            # tiles; gathering scales per channel took 4-20x the shared memory, tests/hopper_compile.py).
+            # Only groups that cannot be put in order keep g_idx.
+            if perm is not None and torch.equal(perm, torch.arange(k, device=perm.device)):
+                perm = None
+            elif perm is not None:
+                w = Int4Weight(w.q[:, perm], w.zeros, w.scales, w.g_idx[perm], w.group_size)
             self.register_buffer("qweight", pack_nibbles(w.q.t(), 0).to(device))
             self.register_buffer("qzeros", pack_nibbles(w.zeros, 1).to(device))  # real zeros (v2)
             self.register_buffer("scales", w.scales.to(device))
-            self.register_buffer("g_idx", w.g_idx.to(device))
+            self.register_buffer("g_idx", None if _in_order(w.g_idx, w.group_size) else w.g_idx.to(device))
+            self.register_buffer("perm", None if perm is None else perm.to(device))
             return
-        perm = _contiguous_group_order(w.g_idx, w.group_size)
         if perm is not None and w.group_size % 32 == 0 and cpu_gemm.available():
             self.path = "cpu_int4"
             packed = cpu_gemm.pack_int4(w.q[:, perm], w.scales, w.zeros, w.group_size)
@@ -198,6 +207,7 @@ class Int4Linear(QuantLinear):
 
     def _matmul(self, x):
         if self.use_kernels:
+            x = x if self.perm is None else x[:, self.perm]
             return kernels.w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
         if self.path == "dequantized":
             return kernels.linear(x, self.weight)
@@ -218,18 +228,25 @@ class Int4Linear(QuantLinear):
         of qweight, qzeros and scales (the kernel takes their row strides)."""
         first = linears[0]
         if all(m.path == "w4a16_gemm" and m.group_size == first.group_size and m.out_features % 8 == 0
-               and m.scales.dtype == first.scales.dtype and torch.equal(m.g_idx, first.g_idx) for m in linears):
+               and m.scales.dtype == first.scales.dtype and _same(m.g_idx, first.g_idx) and _same(m.perm, first.perm)
+               for m in linears):
             return {"qweight": 1, "qzeros": 1, "scales": 1}
         return None
 
 
 def _contiguous_group_order(g_idx: torch.Tensor, group_size: int) -> torch.Tensor | None:
     """A column order in which group i is exactly columns [i*g, (i+1)*g), or None if none exists."""
-    k = g_idx.numel()
-    if k % group_size:
+    if g_idx.numel() % group_size:
         return None
     perm = torch.argsort(g_idx.long(), stable=True)
-    if not torch.equal(g_idx.long()[perm], torch.arange(k) // group_size):
-        return None
-    return perm
+    return perm if _in_order(g_idx[perm], group_size) else None
+
+
+def _in_order(g_idx: torch.Tensor, group_size: int) -> bool:
+    """Whether input channel k is in group k // group_size for every k."""
+    return torch.equal(g_idx.long(), torch.arange(g_idx.numel(), device=g_idx.device) // group_size)
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is b or (a is not None and b is not None and torch.equal(a, b))
 
