@@ -48,3 +48,21 @@ def test_every_decode_and_verification_row_count_shares_one_config(kernel, monke
         assert torch.equal(outputs[m], torch.cat([outputs[1]] + [gemm(x[i:i + 1]) for i in range(1, m)])), m
     gemm(torch.randn(200, 256, generator=gen).to(torch.bfloat16))  # a prefill: a config of its own
     assert len(set(keys)) == 2
+
+
+def test_w4a16_decode_candidates_are_whole_packed_words_inside_a_group(monkeypatch):
+    """With 128-channel groups and no act-order gather, a decode / verification GEMM tunes over
+    BLOCK_K 128 tiles only (the kernel's fast tiles); gathered groups keep every candidate."""
+    asked = []
+    monkeypatch.setattr(tuning, "pick", lambda key, candidates, run, device: asked.append(candidates) or candidates[0])
+    gen = torch.Generator().manual_seed(1)
+    k, n = 512, 64
+    qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), generator=gen, dtype=torch.int64).to(torch.int32)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (k // 128, n // 8), generator=gen, dtype=torch.int64).to(torch.int32)
+    scales = (torch.rand(k // 128, n, generator=gen) * 0.02 + 0.005).half()
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    w4a16_triton.w4a16_gemm(x, qweight, qzeros, scales, None, 128)
+    w4a16_triton.w4a16_gemm(x, qweight, qzeros, scales, (torch.randperm(k, generator=gen) // 128).int(), 128)
+    whole, gathered = asked
+    assert whole and all(c.block_k == 128 for c in whole)
+    assert gathered == tuning.gemm_candidates(3, lambda bk: -(-k // bk))

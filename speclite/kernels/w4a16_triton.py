@@ -142,5 +142,11 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
 
     if config is None:
         key = ("w4a16", tuning.m_bucket(m), n, k, x.dtype, group_size, gidx is not None)
-        config = tuning.pick(key, tuning.gemm_candidates(m, lambda bk: triton.cdiv(k, bk)), run, x.device)
+        candidates = tuning.gemm_candidates(m, lambda bk: triton.cdiv(k, bk))
+        # Where tiles of whole packed words inside one group exist, only they: compiled for sm_90a their
+        # K loop issues ~0.25 warp instructions a weight against ~0.77 for BLOCK_K 64, and BLOCK_K 256
+        # across groups takes 100-740 KB of shared memory (tests/hopper_compile.py); each candidate
+        # costs a compile on the GPU.
+        whole = [c for c in candidates if gidx is None and c.block_k >= 128 and group_size % c.block_k == 0]
+        config = tuning.pick(key, whole or candidates, run, x.device)
     return run(config)
