@@ -7,10 +7,13 @@ GEMM. The split count is the grid's third axis, not a constexpr, so splits share
 The tuner picks per shape, one config for every decode and verification row count.
 
 A tile inside one quantization group (no act-order, BLOCK_K dividing the group) multiplies
-integers (q - zero) and scales the tile's result once; with BLOCK_K >= 128 it also loads each
-packed word once rather than once per nibble. On an H200 the first version (every weight shifted,
-dequantized and rounded on its own, each word loaded eight times) reached 6-17% of copy bandwidth
-at M = 1 (benchmarks/RESULTS.md, GPU), with the tuner's picks then unreliable as well.
+integers (q and the zero points) and scales the tile's result once; with BLOCK_K >= 128 it also
+loads each packed word once rather than once per nibble. On an H200 the first version (every
+weight shifted, dequantized and rounded on its own, each word loaded eight times) reached 6-17%
+of copy bandwidth at M = 1 (benchmarks/RESULTS.md, GPU), with the tuner's picks then unreliable
+as well. Compiled for sm_90a (tests/hopper_compile.py) its K loop issued 0.6-0.8 warp
+instructions a weight; these tiles 0.14-0.19, where int4 at 80% of an H200's copy bandwidth
+allows about 0.16 (a warp instruction a cycle per scheduler).
 """
 
 import weakref
@@ -30,7 +33,7 @@ def _w4a16_kernel(
     M, N, K, stride_xm, stride_qw, stride_qz, stride_s,
     GROUP_SIZE: tl.constexpr, HAS_GIDX: tl.constexpr, TILE_IN_ONE_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, NIBBLE_BITS: tl.constexpr, NIBBLE_BIAS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -45,24 +48,34 @@ def _w4a16_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kt in range(first, last):
         if TILE_IN_ONE_GROUP:
-            # One group's scale and zero for the whole tile: the dot takes the integer weights q - zero
-            # (exact in any float dtype) and the scale multiplies its [M, N] result once, not each weight.
+            # One group's scale and zero for the whole tile: the dots take integers (exact in any float
+            # dtype) and the scale multiplies the tile's [M, N] result once, not each weight.
             g = (kt * BLOCK_K) // GROUP_SIZE
             scale = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)
             zero = (tl.load(qz_ptr + g * stride_qz + offs_n // 8, mask=mask_n, other=0) >> zero_shift) & 0xF
             if BLOCK_K >= 128:
                 # Each packed word loaded once: nibble j of row r is channel 8r + j, so the tile is 8
                 # dots of BLOCK_K / 8 (>= 16, tl.dot's least K) channels, x's columns 8r + j beside them.
+                # For 16-bit x a nibble q becomes the float NIBBLE_BIAS + q by OR-ing it under that power
+                # of two's bits (exact, no conversion); the zero points (plus the bias) are a dot of their
+                # own with -x, so nothing but bit operations stands between the loaded words and the dot
+                # (Triton then unpacks in the dot operand's registers: no shared-memory trip per nibble).
                 rows = kt * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
                 mask_r = rows < K // 8
                 packed = tl.load(qw_ptr + rows[:, None] * stride_qw + offs_n[None, :],
                                  mask=mask_r[:, None] & mask_n[None, :], other=0)
+                zeros = tl.broadcast_to(zero[None, :] + NIBBLE_BIAS, [BLOCK_K // 8, BLOCK_N]).to(x_ptr.dtype.element_ty)
                 part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for j in tl.static_range(8):
                     a = tl.load(x_ptr + offs_m[:, None] * stride_xm + (rows * 8 + j)[None, :],
                                 mask=mask_m[:, None] & mask_r[None, :], other=0.0)
-                    w = (((packed >> (4 * j)) & 0xF) - zero[None, :]).to(a.dtype)
+                    q = (packed >> (4 * j)) & 0xF
+                    if NIBBLE_BITS:
+                        w = (q | NIBBLE_BITS).to(tl.int16).to(a.dtype, bitcast=True)
+                    else:
+                        w = q.to(a.dtype)
                     part = tl.dot(a, w, part, input_precision=DOT_PRECISION)
+                    part = tl.dot(-a, zeros, part, input_precision=DOT_PRECISION)
             else:
                 offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
                 mask_k = offs_k < K
@@ -98,6 +111,11 @@ def _w4a16_kernel(
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+# dtype -> (the bits of a power of two p whose float's low mantissa bits take a nibble q, p): OR-ed
+# together they are the float p + q, exactly. Compiled for sm_90a the tiles' K loop issues 0.14 warp
+# instructions a weight this way against 0.19 converting each nibble (shift, sign extension, int to float).
+NIBBLE_FLOATS = {torch.bfloat16: (0x4300, 128), torch.float16: (0x6400, 1024)}
+
 _trivial_gidx: dict = {}  # id(g_idx) -> (weakref to it, its version, is it k // group_size)
 
 
@@ -127,6 +145,8 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
     g_idx = _drop_trivial_gidx(g_idx, group_size)
     gidx = g_idx.to(torch.int32).contiguous() if g_idx is not None else None
 
+    bits, bias = NIBBLE_FLOATS.get(x.dtype, (0, 0))
+
     def run(cfg: tuning.GemmConfig) -> torch.Tensor:
         out, target = gemm_out_buffers(m, n, cfg.split_k, x.dtype, x.device)
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
@@ -136,7 +156,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
             GROUP_SIZE=group_size, HAS_GIDX=gidx is not None,
             TILE_IN_ONE_GROUP=gidx is None and group_size % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            DOT_PRECISION=dot_precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            DOT_PRECISION=dot_precision(x.dtype), NIBBLE_BITS=bits, NIBBLE_BIAS=bias, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return finish_split_k(out, target, cfg.split_k)
 
@@ -144,7 +164,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
         key = ("w4a16", tuning.m_bucket(m), n, k, x.dtype, group_size, gidx is not None)
         candidates = tuning.gemm_candidates(m, lambda bk: triton.cdiv(k, bk))
         # Where tiles of whole packed words inside one group exist, only they: compiled for sm_90a their
-        # K loop issues ~0.25 warp instructions a weight against ~0.77 for BLOCK_K 64, and BLOCK_K 256
+        # K loop issues 0.14-0.19 warp instructions a weight against 0.41 for BLOCK_K 64, and BLOCK_K 256
         # across groups takes 100-740 KB of shared memory (tests/hopper_compile.py); each candidate
         # costs a compile on the GPU.
         whole = [c for c in candidates if gidx is None and c.block_k >= 128 and group_size % c.block_k == 0]
