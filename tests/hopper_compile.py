@@ -6,7 +6,8 @@ those functions would launch on an H100 / H200 (the argument types and alignment
 the launch options). Triton's bundled ptxas turns each into Hopper machine code, and its cuobjdump
 reads the registers, stack frame (spills) and shared memory a program takes.
 
-    python tests/hopper_compile.py            # a line per kernel launch: registers, spills, shared memory
+    python tests/hopper_compile.py            # a line per kernel launch: registers, spills, shared memory,
+                                              # a GEMM's K-loop warp instructions per weight
     python tests/hopper_compile.py --quick    # fewer launch configs (tests/test_hopper_compile.py)
 
 Exit 1 when a kernel fails to compile or a kernel that must not spill does. Run it with the
@@ -74,6 +75,7 @@ class Launch:
     registers: int
     stack_bytes: int  # per thread: spilled registers (and any stack arrays)
     shared_bytes: int
+    loop: int  # warp instructions in its largest loop (a GEMM's K loop)
 
 
 compiled: list = []  # (JITFunction name, its CompiledKernel), in launch order
@@ -88,15 +90,43 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 _run = JITFunction.run
 
 
-def resources(kernel) -> tuple[int, int]:
-    """(registers, stack frame bytes: where spilled registers go) per thread, read from the cubin."""
+def resources(kernel) -> tuple[int, int, int]:
+    """(registers, stack frame bytes: where spilled registers go) per thread, read from the cubin, and
+    the instructions of its largest loop (a GEMM's K loop) in the machine code."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         usage = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True,
                                check=True).stdout
+        sass = subprocess.run([str(BIN / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
-    return int(regs.group(1)), int(stack.group(1))
+    return int(regs.group(1)), int(stack.group(1)), largest_loop(sass)
+
+
+def largest_loop(sass: str) -> int:
+    """Instructions between a label and the furthest branch back to it (0: no loop)."""
+    labels, count, longest = {}, 0, 0
+    for line in sass.splitlines():
+        label = re.match(r"\s*\.L_x_(\d+):", line)
+        if label:
+            labels[label.group(1)] = count
+        elif re.match(r"\s*/\*[0-9a-f]+\*/", line):
+            back = re.search(r"BRA\s.*\.L_x_(\d+)", line)
+            if back and back.group(1) in labels:
+                longest = max(longest, count - labels[back.group(1)] + 1)
+            count += 1
+    return longest
+
+
+def per_weight(launch: "Launch") -> float | None:
+    """A GEMM's K-loop warp instructions per weight it streams: one iteration works BLOCK_N x BLOCK_K
+    weights with num_warps warps. A Hopper scheduler issues one warp instruction a cycle, so on an H200
+    (132 SMs x 4 schedulers x 1.98 GHz) a loop at c per weight tops out at 1.05e12 / c weights a second
+    (int4 at 80% of its 4.2 TB/s copy bandwidth: c <= 0.16)."""
+    c = launch.constexprs
+    if "BLOCK_N" not in c or not launch.loop:
+        return None
+    return launch.loop * launch.num_warps / (c["BLOCK_N"] * c["BLOCK_K"])
 
 
 def launches(quick: bool) -> None:
@@ -182,8 +212,8 @@ def main(argv=None) -> int:
         if key in seen:
             continue
         seen.add(key)
-        regs, stack = resources(kernel)
-        rows.append(Launch(name, constexprs, meta.num_warps, meta.num_stages, regs, stack, meta.shared))
+        regs, stack, loop = resources(kernel)
+        rows.append(Launch(name, constexprs, meta.num_warps, meta.num_stages, regs, stack, meta.shared, loop))
     print(f"triton {triton.__version__}, target sm_{HOPPER.arch}: {len(rows)} distinct launches compiled")
     for r in rows:
         flags = []
@@ -193,8 +223,10 @@ def main(argv=None) -> int:
         if r.shared_bytes > SHARED_LIMIT:
             flags.append("too much shared memory (the tuner skips it)")
         consts = " ".join(f"{k}={v}" for k, v in r.constexprs.items())
+        weight = per_weight(r)
         print(f"{r.name:24} {consts:90} w{r.num_warps} s{r.num_stages} regs {r.registers:3} "
-              f"stack {r.stack_bytes:5} shared {r.shared_bytes:6} {' '.join(flags)}")
+              f"stack {r.stack_bytes:5} shared {r.shared_bytes:6} "
+              f"{'' if weight is None else f'K loop {weight:.3f}/weight'} {' '.join(flags)}")
     for f in failed:
         print("FAILED", f)
     return 1 if failed else 0
