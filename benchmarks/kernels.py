@@ -1,4 +1,5 @@
-"""Kernel benchmarks on one CUDA GPU: speclite's Triton kernels vs torch's own ops.
+"""Kernel benchmarks on one CUDA GPU: speclite's Triton kernels vs torch's own ops (the GEMMs:
+dense bf16 for decode / verification rows, W4A16, FP8-block, W8A8).
 
 Shapes are the linear layers of Qwen2.5-7B- and 0.5B-sized decoders (--shapes) at batch M = 1 (a
 decode step), 2..9 (a verification of k + 1 rows, k = 1..8) and one prefill M. A GEMM's time
@@ -114,14 +115,17 @@ def bench_gemms(shape, m_values, reps, bw_gbs, peak_tflops):
           f"{'bf16 ms':>8} {'x bf16':>7} {'vendor ms':>9} {'x vendor':>8} {'rel err':>8}")
     for name, (n, k) in layers(shape).items():
         w_bf16 = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-        made = {"w4a16": make_w4a16(n, k), "w8a8-int8": make_int8(n, k)}
+        made = {"dense-bf16": ((w_bf16,), w_bf16.numel() * 2), "w4a16": make_w4a16(n, k), "w8a8-int8": make_int8(n, k)}
         if fp8_dot_supported(w_bf16):  # fp8 tensor cores: Ada/Hopper and newer
             made["fp8-block"] = make_fp8(n, k)
         for m in m_values:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             bf16_ms = median_ms(lambda: x @ w_bf16.T, reps)
             for kind, (args, w_bytes) in made.items():
-                if kind == "w4a16":
+                if kind == "dense-bf16":  # decode / verification rows: the Triton GEMM (prefill: torch's)
+                    fn = K.linear
+                    vendor = None  # the bf16 column is torch's matmul on this weight
+                elif kind == "w4a16":
                     fn = K.w4a16_gemm
                     vendor = None
                 elif kind == "fp8-block":

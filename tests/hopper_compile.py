@@ -131,7 +131,8 @@ def per_weight(launch: "Launch") -> float | None:
 
 def launches(quick: bool) -> None:
     """Call every Triton host function with the launch configs and dtypes it can be given."""
-    from speclite.kernels import fp8_block_triton, gpu_layer_ops_triton, int8_triton, tuning, verify_triton, w4a16_triton
+    from speclite.kernels import (dense_triton, fp8_block_triton, gpu_layer_ops_triton, int8_triton, tuning,
+                                  verify_triton, w4a16_triton)
     from speclite.kernels.tuning import GemmConfig
 
     def configs(m):
@@ -153,6 +154,11 @@ def launches(quick: bool) -> None:
             for cfg in configs(m) if dtype in dtypes else configs(m)[:1]:
                 for g_idx in (None, act_order):
                     w4a16_triton.w4a16_gemm(x, qweight, qzeros, scales, g_idx, group, config=cfg)
+            if m <= tuning.GEMV_ROWS:
+                dense_weight, bias = torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
+                for cfg in configs(m) if dtype in dtypes else configs(m)[:1]:
+                    dense_triton.dense_gemm(x, dense_weight, bias, cfg)
+                dense_triton.dense_gemm(x, dense_weight, None, configs(m)[0])
             if dtype != torch.float32:
                 weight = torch.randn(n, k).to(torch.float8_e4m3fn)
                 scale_inv = torch.rand(n // 128, k // 128)

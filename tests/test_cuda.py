@@ -59,6 +59,21 @@ def test_w4a16_kernel_equals_its_torch_path(m, k, n, group, act_order):
         torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().mean().item())
 
 
+@pytest.mark.parametrize("k,n", [(3584, 4608), (896, 136)])
+def test_dense_gemm_compiled_equals_torch_and_rows_stand_alone(k, n):
+    """kernels.linear's Triton GEMM for decode and verification rows (tuned as the model runs it):
+    torch's matmul within rounding, the bias added, and each row of a 9-row call its one-row call's."""
+    g = cuda_gen(k + n)
+    for dtype in (torch.bfloat16, torch.float16):
+        w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(dtype)
+        b = torch.randn(n, generator=g, device="cuda").to(dtype)
+        x = torch.randn(9, k, generator=g, device="cuda").to(dtype)
+        y = kernels.linear(x, w, b)
+        ref = F.linear(x.float(), w.float(), b.float())
+        torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().mean().item())
+        assert torch.equal(torch.cat([kernels.linear(x[i:i + 1], w, b) for i in range(9)]), y)
+
+
 @pytest.mark.parametrize("block_k", [64, 128, 256])
 def test_w4a16_tile_kinds_compiled_and_rows_independent(block_k):
     """Each way a W4A16 tile is worked, compiled: BLOCK_K 64 and 128 inside a 128-channel group
