@@ -11,9 +11,9 @@ integers (q and the zero points) and scales the tile's result once; with BLOCK_K
 loads each packed word once rather than once per nibble. On an H200 the first version (every
 weight shifted, dequantized and rounded on its own, each word loaded eight times) reached 6-17%
 of copy bandwidth at M = 1 (benchmarks/RESULTS.md, GPU), with the tuner's picks then unreliable
-as well. Compiled for sm_90a (tests/hopper_compile.py) its K loop issued 0.6-0.8 warp
-instructions a weight; these tiles 0.14-0.19, where int4 at 80% of an H200's copy bandwidth
-allows about 0.16 (a warp instruction a cycle per scheduler).
+as well. Compiled for sm_90a (tests/hopper_compile.py) its decode tiles' K loop issued 0.29-0.50
+warp instructions a weight in 25-173 KB of shared memory; these tiles 0.14-0.26 in 6-22 KB, where
+int4 at 80% of an H200's copy bandwidth allows about 0.16 (a warp instruction a cycle per scheduler).
 """
 
 import weakref
@@ -164,7 +164,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
         key = ("w4a16", tuning.m_bucket(m), n, k, x.dtype, group_size, gidx is not None)
         candidates = tuning.gemm_candidates(m, lambda bk: triton.cdiv(k, bk))
         # Where tiles of whole packed words inside one group exist, only they: compiled for sm_90a their
-        # K loop issues 0.14-0.19 warp instructions a weight against 0.41 for BLOCK_K 64, and BLOCK_K 256
+        # K loop issues 0.14-0.26 warp instructions a weight against 0.30-0.50 for BLOCK_K 64, and BLOCK_K 256
         # across groups takes 100-740 KB of shared memory (tests/hopper_compile.py); each candidate
         # costs a compile on the GPU.
         whole = [c for c in candidates if gidx is None and c.block_k >= 128 and group_size % c.block_k == 0]
