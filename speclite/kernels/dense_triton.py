@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .triton_common import dot_precision, finish_split_k, gemm_out_buffers, split_k_range
+from .triton_common import dot_precision, finish_split_k, gemm_out_buffers, gemm_tile, store_split
 
 
 @triton.jit
@@ -24,14 +24,7 @@ def _dense_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    first, last = split_k_range(pid_k, K, BLOCK_K, tl.num_programs(2))
+    offs_m, offs_n, mask_m, mask_n, first, last = gemm_tile(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kt in range(first, last):
@@ -44,12 +37,10 @@ def _dense_kernel(
                     other=0.0)
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
-        if pid_k == 0:
+        if tl.program_id(2) == 0:  # the bias once, with the first split
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
 
-    # split pid_k writes its fp32 partial to workspace slice pid_k; without split-K, pid_k = 0: the output
-    dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    store_split(out_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 def dense_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

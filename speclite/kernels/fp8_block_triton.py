@@ -14,7 +14,7 @@ import triton.language as tl
 
 from . import tuning
 from .fp8_block import FP8_MAX, FP8_SCALE_EPS
-from .triton_common import finish_split_k, gemm_out_buffers, round_to_e4m3, split_k_range
+from .triton_common import finish_split_k, gemm_out_buffers, gemm_tile, round_to_e4m3, store_split
 
 
 @triton.jit
@@ -50,15 +50,8 @@ def _fp8_block_gemm_kernel(
     GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
+    offs_m, offs_n, mask_m, mask_n, first, last = gemm_tile(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     w_scale_rows = ws_ptr + (offs_n // GROUP_N) * w_kblocks
-    first, last = split_k_range(pid_k, K, BLOCK_K, tl.num_programs(2))
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kt in range(first, last):
@@ -72,9 +65,7 @@ def _fp8_block_gemm_kernel(
         w_scale = tl.load(w_scale_rows + kg, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * a_scale[:, None] * w_scale[None, :]
 
-    # split pid_k writes its fp32 partial to workspace slice pid_k; without split-K, pid_k = 0: the output
-    dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    store_split(out_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 def fp8_block_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,

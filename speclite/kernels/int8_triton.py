@@ -8,7 +8,7 @@ import triton.language as tl
 
 from . import tuning
 from .int8 import INT8_SCALE_EPS
-from .triton_common import finish_split_k, gemm_out_buffers, round_half_even, split_k_range
+from .triton_common import finish_split_k, gemm_out_buffers, gemm_tile, round_half_even, store_split
 
 
 @triton.jit
@@ -44,14 +44,7 @@ def _int8_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    first, last = split_k_range(pid_k, K, BLOCK_K, tl.num_programs(2))
+    offs_m, offs_n, mask_m, mask_n, first, last = gemm_tile(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     for kt in range(first, last):
@@ -64,9 +57,7 @@ def _int8_gemm_kernel(
     a_scale = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     w_scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
     y = acc.to(tl.float32) * a_scale[:, None] * w_scale[None, :]
-    # split pid_k writes its fp32 partial to workspace slice pid_k; without split-K, pid_k = 0: the output
-    dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    store_split(out_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 def int8_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -56,13 +56,23 @@ def finish_split_k(out: torch.Tensor, target: torch.Tensor, split_k: int) -> tor
 
 
 @triton.jit
-def split_k_range(pid_k, K, BLOCK_K: tl.constexpr, split_k):
-    """The [first, last) K-tile range of split pid_k: contiguous chunks of equal tile count."""
+def gemm_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A split-K GEMM program's rows and columns (with their masks) and its [first, last) K tiles;
+    the grid is (row tiles, column tiles, splits), each split a contiguous run of equal tile count."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, split_k)
-    first = pid_k * per_split
-    last = tl.minimum(first + per_split, k_tiles)
-    return first, last
+    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
+    first = tl.program_id(2) * per_split
+    return offs_m, offs_n, offs_m < M, offs_n < N, first, tl.minimum(first + per_split, k_tiles)
+
+
+@triton.jit
+def store_split(out_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n):
+    """Split k's partial into workspace slice k (fp32, summed by finish_split_k); without split-K,
+    split 0 writes the output itself."""
+    dst = out_ptr + tl.program_id(2) * M * N + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 def dot_precision(dtype: torch.dtype) -> str:

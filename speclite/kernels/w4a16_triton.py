@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .triton_common import dot_precision, finish_split_k, gemm_out_buffers, split_k_range
+from .triton_common import dot_precision, finish_split_k, gemm_out_buffers, gemm_tile, store_split
 
 
 @triton.jit
@@ -35,15 +35,8 @@ def _w4a16_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NIBBLE_BITS: tl.constexpr, NIBBLE_BIAS: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
+    offs_m, offs_n, mask_m, mask_n, first, last = gemm_tile(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     zero_shift = (offs_n % 8) * 4
-    first, last = split_k_range(pid_k, K, BLOCK_K, tl.num_programs(2))
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kt in range(first, last):
@@ -106,9 +99,7 @@ def _w4a16_kernel(
             w = ((q - zero).to(tl.float32) * scale).to(a.dtype)
             acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
 
-    # split pid_k writes its fp32 partial to workspace slice pid_k; without split-K, pid_k = 0: the output
-    dst = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    store_split(out_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 # dtype -> (the bits of a power of two p whose float's low mantissa bits take a nibble q, p): OR-ed
