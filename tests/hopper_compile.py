@@ -173,6 +173,7 @@ def launches(quick: bool) -> None:
         d, heads, kv = 128, 4, 2
         rows = torch.randn(3, 896).to(dtype)
         gpu_layer_ops_triton.rms_norm(rows, torch.rand(896).to(dtype), 1e-6)
+        gpu_layer_ops_triton.rms_norm(rows, torch.rand(896).to(dtype), 1e-6, torch.randn(3, 896).to(dtype))
         gpu_layer_ops_triton.silu_mul(torch.randn(3, 2 * 4864).to(dtype))
         qkv = torch.randn(3, (heads + 2 * kv) * d).to(dtype)
         cos, sin = torch.rand(2, 3, d).to(dtype)

@@ -168,6 +168,10 @@ def test_gpu_layer_ops_equal_the_decoders_torch_code(qk_norm, static):
     x = torch.randn(t, 3584, generator=g, device="cuda").to(bf16)
     w = (torch.rand(3584, generator=g, device="cuda") + 0.5).to(bf16)
     torch.testing.assert_close(gpu_layer_ops.rms_norm(x, w, 1e-6), torch_rms_norm(x, w, 1e-6), rtol=1e-2, atol=1e-2)
+    delta = torch.randn(t, 3584, generator=g, device="cuda").to(bf16)
+    total, normed = gpu_layer_ops.add_rms_norm(x, delta, w, 1e-6)
+    assert torch.equal(total, x + delta)  # rounded as torch's add
+    torch.testing.assert_close(normed, torch_rms_norm(x + delta, w, 1e-6), rtol=1e-2, atol=1e-2)
     gate_up = (torch.randn(t, 2 * 18944, generator=g, device="cuda") * 3).to(bf16)
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(gpu_layer_ops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-2, atol=1e-2)

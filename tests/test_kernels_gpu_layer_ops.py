@@ -47,6 +47,23 @@ def test_rms_norm_is_the_decoders(dtype, rows, dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_add_then_rms_norm_is_the_decoders(dtype):
+    """A block's residual add and the norm after it in one kernel: the sum as torch's add gives it (the
+    same bits but for the interpreter's bf16 truncation), the norm the norm of that sum."""
+    gen = torch.Generator().manual_seed(5)
+    x, delta = (torch.randn(2, 3, 200, generator=gen) * 3).to(dtype)
+    weight = (torch.rand(200, generator=gen) + 0.5).to(dtype)
+    total, y = ops.rms_norm(x, weight, 1e-6, delta)
+    assert total.shape == x.shape and y.shape == x.shape and total.dtype == y.dtype == dtype
+    if dtype == torch.bfloat16:
+        torch.testing.assert_close(total, x + delta, **tolerance(dtype))
+    else:
+        assert torch.equal(total, x + delta)
+    torch.testing.assert_close(y, torch_rms_norm(x + delta, weight, 1e-6), **tolerance(dtype))
+    assert torch.equal(y, ops.rms_norm(total, weight, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_silu_mul_is_the_decoders(dtype):
     gen = torch.Generator().manual_seed(7)
     gate_up = (torch.randn(3, 2 * 1300, generator=gen) * 4).to(dtype)  # 1300: a partial last block

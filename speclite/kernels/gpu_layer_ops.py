@@ -33,6 +33,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return gpu_layer_ops_triton.rms_norm(x, weight, eps)
 
 
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple:
+    """(x + delta, rms_norm of it): a block's residual add and the norm after it in one kernel, the sum
+    rounded as torch's add of two tensors of x's dtype rounds it."""
+    from . import gpu_layer_ops_triton
+
+    return gpu_layer_ops_triton.rms_norm(x, weight, eps, delta)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up = [gate | up] along the last dimension."""
     from . import gpu_layer_ops_triton

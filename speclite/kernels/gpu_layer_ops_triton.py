@@ -9,25 +9,35 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.constexpr, ADD: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
     x = tl.load(x_ptr + row * D + offs, mask=mask, other=0.0)
+    if ADD:  # the residual stream first, rounded as torch's add rounds it, and kept
+        x = (x.to(tl.float32) + tl.load(d_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(sum_ptr + row * D + offs, x, mask=mask)
     xf = x.to(tl.float32)
     h = (xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)).to(x.dtype)  # rounded, then scaled: as RMSNorm
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * D + offs, (w * h.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None):
+    """The norm of x, or (x + delta, the norm of that) when delta is given."""
     d = x.shape[-1]
     rows = x.reshape(-1, d)
     rows = rows if rows.is_contiguous() else rows.contiguous()
     out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    total = None if delta is None else torch.empty_like(rows)
+    deltas = None if delta is None else delta.reshape(-1, d).contiguous()
     block = triton.next_power_of_2(d)
-    _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, d, eps, BLOCK=block, num_warps=min(16, max(1, block // 256)))
-    return out.reshape(*x.shape[:-1], d)
+    _rms_norm_kernel[(rows.shape[0],)](rows, rows if deltas is None else deltas, weight,
+                                       out if total is None else total, out, d, eps, BLOCK=block,
+                                       ADD=delta is not None, num_warps=min(16, max(1, block // 256)))
+    if delta is None:
+        return out.reshape(*x.shape[:-1], d)
+    return total.reshape(x.shape), out.reshape(*x.shape[:-1], d)
 
 
 @triton.jit

@@ -159,6 +159,14 @@ class RMSNorm(nn.Module):
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
+    def after_add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, its norm): a residual add and the norm that follows it, one kernel on a GPU."""
+        if (gpu_layer_ops.takes(x) and delta.dtype == x.dtype and delta.shape == x.shape and not hooked([self])
+                and not cpu_gemm.needs_grad(x, [self])):
+            return gpu_layer_ops.add_rms_norm(x, delta, self.weight, self.eps)
+        x = x + delta
+        return x, self(x)
+
 
 class Linear(nn.Linear):
     """nn.Linear on speclite's CPU kernels where they apply (cpu_gemm.module_matrices), else kernels.linear."""
@@ -400,8 +408,9 @@ class Block(nn.Module):
         if fused is not None:
             return cpu_layer_ops.decoder_layers(fused, x, cos, sin, [layer_cache],
                                                 *attended(start, x.shape[0], layer_cache[0], mask), mask)[0]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, start, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.after_add(
+            x, self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, start, mask))
+        return x + self.mlp(h)
 
     def cpu_layer(self, x: torch.Tensor, layer_cache) -> cpu_layer_ops.Layers | None:
         """The whole block as one C call and one thread team (built once), where the CPU kernels take
