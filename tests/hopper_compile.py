@@ -194,7 +194,7 @@ def must_not_spill(launch: Launch) -> bool:
     c = launch.constexprs
     if launch.name == "_w4a16_kernel":
         return c["TILE_IN_ONE_GROUP"] and c["BLOCK_K"] >= 128 and c["BLOCK_M"] == 16
-    return launch.name in ("_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel", "_splitk_reduce_kernel")
+    return launch.name in ("_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel")
 
 
 def main(argv=None) -> int:

@@ -15,12 +15,12 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .triton_common import dot_precision, finish_split_k, gemm_out_buffers, gemm_tile, store_split
+from .triton_common import dot_precision, gemm_out_buffers, gemm_tile, store_split
 
 
 @triton.jit
 def _dense_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn,
+    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -40,7 +40,7 @@ def _dense_kernel(
         if tl.program_id(2) == 0:  # the bias once, with the first split
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
 
-    store_split(out_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
+    store_split(out_ptr, part_ptr, count_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 def dense_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -51,14 +51,14 @@ def dense_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     n = weight.shape[0]
 
     def run(cfg: tuning.GemmConfig) -> torch.Tensor:
-        out, target = gemm_out_buffers(m, n, cfg.split_k, x.dtype, x.device)
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
+        out, parts, counts = gemm_out_buffers(m, n, cfg.split_k, x.dtype, x.device, grid[0] * grid[1])
         _dense_kernel[grid](
-            x, weight, weight if bias is None else bias, target, m, n, k, x.stride(0), weight.stride(0),
+            x, weight, weight if bias is None else bias, out, parts, counts, m, n, k, x.stride(0), weight.stride(0),
             HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             DOT_PRECISION=dot_precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        return finish_split_k(out, target, cfg.split_k)
+        return out
 
     if config is None:
         key = ("dense", tuning.m_bucket(m), n, k, x.dtype, bias is not None)

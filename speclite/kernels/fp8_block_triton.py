@@ -14,7 +14,7 @@ import triton.language as tl
 
 from . import tuning
 from .fp8_block import FP8_MAX, FP8_SCALE_EPS
-from .triton_common import finish_split_k, gemm_out_buffers, gemm_tile, round_to_e4m3, store_split
+from .triton_common import gemm_out_buffers, gemm_tile, round_to_e4m3, store_split
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def per_token_group_quant_fp8(x: torch.Tensor, group_size: int = 128):
 
 @triton.jit
 def _fp8_block_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr,
+    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, a_groups, w_kblocks,
     GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -65,7 +65,7 @@ def _fp8_block_gemm_kernel(
         w_scale = tl.load(w_scale_rows + kg, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * a_scale[:, None] * w_scale[None, :]
 
-    store_split(out_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
+    store_split(out_ptr, part_ptr, count_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 def fp8_block_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
@@ -77,14 +77,14 @@ def fp8_block_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: t
     group_n, group_k = block_size
 
     def run(cfg: tuning.GemmConfig) -> torch.Tensor:
-        out, target = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device)
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
+        out, parts, counts = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device, grid[0] * grid[1])
         _fp8_block_gemm_kernel[grid](
-            xq, x_scales, weight, weight_scale_inv, target, m, n, k, x_scales.shape[1], weight_scale_inv.shape[1],
+            xq, x_scales, weight, weight_scale_inv, out, parts, counts, m, n, k, x_scales.shape[1], weight_scale_inv.shape[1],
             GROUP_N=group_n, GROUP_K=group_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        return finish_split_k(out, target, cfg.split_k)
+        return out
 
     if config is None:
         key = ("fp8_block", tuning.m_bucket(m), n, k, out_dtype, tuple(block_size))

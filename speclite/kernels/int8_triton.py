@@ -8,7 +8,7 @@ import triton.language as tl
 
 from . import tuning
 from .int8 import INT8_SCALE_EPS
-from .triton_common import finish_split_k, gemm_out_buffers, gemm_tile, round_half_even, store_split
+from .triton_common import gemm_out_buffers, gemm_tile, round_half_even, store_split
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def per_token_quant_int8(x: torch.Tensor):
 
 @triton.jit
 def _int8_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
+    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     offs_m, offs_n, mask_m, mask_n, first, last = gemm_tile(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -57,7 +57,7 @@ def _int8_gemm_kernel(
     a_scale = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     w_scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
     y = acc.to(tl.float32) * a_scale[:, None] * w_scale[None, :]
-    store_split(out_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n)
+    store_split(out_ptr, part_ptr, count_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 def int8_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -68,12 +68,12 @@ def int8_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.
     w_scale = weight_scale.float().reshape(-1).contiguous()
 
     def run(cfg: tuning.GemmConfig) -> torch.Tensor:
-        out, target = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device)
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
-        _int8_gemm_kernel[grid](xq, x_scales, weight, w_scale, target, m, n, k, BLOCK_M=cfg.block_m,
+        out, parts, counts = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device, grid[0] * grid[1])
+        _int8_gemm_kernel[grid](xq, x_scales, weight, w_scale, out, parts, counts, m, n, k, BLOCK_M=cfg.block_m,
                                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        return finish_split_k(out, target, cfg.split_k)
+        return out
 
     if config is None:
         key = ("int8", tuning.m_bucket(m), n, k, out_dtype)

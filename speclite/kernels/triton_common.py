@@ -1,4 +1,4 @@
-"""Pieces shared by the Triton kernels: exact rounding and the split-K reduction."""
+"""Pieces shared by the Triton kernels: exact rounding and the split-K GEMMs' tiles and reduction."""
 
 import torch
 import triton
@@ -29,30 +29,20 @@ def round_to_e4m3(v):
     return round_half_even(v * inv_spacing) * spacing
 
 
-@triton.jit
-def _splitk_reduce_kernel(ws_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    # Sums the fp32 partials in a fixed order (deterministic, unlike atomics) and casts once.
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(SPLIT_K):
-        acc += tl.load(ws_ptr + s * numel + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+_tile_counts: dict = {}  # device -> int32 zeros, one per output tile of a split-K GEMM (left zero after each)
 
 
-def gemm_out_buffers(m: int, n: int, split_k: int, dtype: torch.dtype, device: torch.device):
-    """(out, target): the kernel writes to target, which is out itself or an fp32 split-K workspace."""
+def gemm_out_buffers(m: int, n: int, split_k: int, dtype: torch.dtype, device: torch.device, tiles: int):
+    """(out, partials, counts) for a GEMM kernel's store_split: out, split-K's fp32 partials (out itself,
+    never read, without), and the per-tile arrival counts. The counts are allocated once per device,
+    before any CUDA graph captures a GEMM (the tuner runs each shape eagerly first)."""
     out = torch.empty((m, n), dtype=dtype, device=device)
+    counts = _tile_counts.get(device)
+    if counts is None or counts.numel() < tiles:
+        counts = _tile_counts[device] = torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device)
     if split_k == 1:
-        return out, out
-    return out, torch.empty((split_k, m, n), dtype=torch.float32, device=device)
-
-
-def finish_split_k(out: torch.Tensor, target: torch.Tensor, split_k: int) -> torch.Tensor:
-    if split_k > 1:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(out.numel(), block),)](target, out, out.numel(), SPLIT_K=split_k, BLOCK=block)
-    return out
+        return out, out, counts
+    return out, torch.empty((split_k, m, n), dtype=torch.float32, device=device), counts
 
 
 @triton.jit
@@ -68,11 +58,26 @@ def gemm_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl
 
 
 @triton.jit
-def store_split(out_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n):
-    """Split k's partial into workspace slice k (fp32, summed by finish_split_k); without split-K,
-    split 0 writes the output itself."""
-    dst = out_ptr + tl.program_id(2) * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+def store_split(out_ptr, part_ptr, count_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n):
+    """A program's fp32 result y into out. Split-K: each split stores its partial in slice k of the
+    partials, and the tile's last split to arrive (a count per tile) sums the slices in split order,
+    whatever order they finished in, and writes out: the fixed order of a separate reduction kernel,
+    without its launch. The count goes back to zero for the next call."""
+    splits = tl.num_programs(2)
+    mask = mask_m[:, None] & mask_n[None, :]
+    tile = offs_m[:, None] * N + offs_n[None, :]
+    if splits == 1:
+        tl.store(out_ptr + tile, y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + tl.program_id(2) * M * N + tile, y, mask=mask)
+        tl.debug_barrier()  # every thread's part stored before the count is raised (a release at gpu scope)
+        count = count_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            total = tl.zeros_like(y)
+            for s in range(splits):  # from L2 (.cg): the other splits' stores, not this SM's L1
+                total += tl.load(part_ptr + s * M * N + tile, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + tile, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
 def dot_precision(dtype: torch.dtype) -> str:

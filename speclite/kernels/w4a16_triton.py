@@ -24,12 +24,12 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .triton_common import dot_precision, finish_split_k, gemm_out_buffers, gemm_tile, store_split
+from .triton_common import dot_precision, gemm_out_buffers, gemm_tile, store_split
 
 
 @triton.jit
 def _w4a16_kernel(
-    x_ptr, qw_ptr, qz_ptr, s_ptr, gidx_ptr, out_ptr,
+    x_ptr, qw_ptr, qz_ptr, s_ptr, gidx_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, stride_xm, stride_qw, stride_qz, stride_s,
     GROUP_SIZE: tl.constexpr, HAS_GIDX: tl.constexpr, TILE_IN_ONE_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -99,7 +99,7 @@ def _w4a16_kernel(
             w = ((q - zero).to(tl.float32) * scale).to(a.dtype)
             acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
 
-    store_split(out_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
+    store_split(out_ptr, part_ptr, count_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 # dtype -> (the bits of a power of two p whose float's low mantissa bits take a nibble q, p): OR-ed
@@ -139,17 +139,17 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
     bits, bias = NIBBLE_FLOATS.get(x.dtype, (0, 0))
 
     def run(cfg: tuning.GemmConfig) -> torch.Tensor:
-        out, target = gemm_out_buffers(m, n, cfg.split_k, x.dtype, x.device)
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
+        out, parts, counts = gemm_out_buffers(m, n, cfg.split_k, x.dtype, x.device, grid[0] * grid[1])
         _w4a16_kernel[grid](
-            x, qweight, qzeros, scales, gidx if gidx is not None else qweight, target,
+            x, qweight, qzeros, scales, gidx if gidx is not None else qweight, out, parts, counts,
             m, n, k, x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
             GROUP_SIZE=group_size, HAS_GIDX=gidx is not None,
             TILE_IN_ONE_GROUP=gidx is None and group_size % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             DOT_PRECISION=dot_precision(x.dtype), NIBBLE_BITS=bits, NIBBLE_BIAS=bias, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        return finish_split_k(out, target, cfg.split_k)
+        return out
 
     if config is None:
         key = ("w4a16", tuning.m_bucket(m), n, k, x.dtype, group_size, gidx is not None)
