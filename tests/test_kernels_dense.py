@@ -60,3 +60,17 @@ def test_linear_sends_decode_and_verification_rows_to_the_triton_gemm(monkeypatc
     assert dense.linear(torch.randn(1, tuning.GEMV_ROWS + 1, 16, generator=gen), w).shape == (1, tuning.GEMV_ROWS + 1, 8)
     assert dense.linear(torch.randn(1, 2, 16, generator=gen).half(), w).dtype == torch.float16
     assert len(calls) == 2
+
+
+def test_split_k_sums_in_the_last_split_and_leaves_its_counts_at_zero():
+    """Split-K without a reduction kernel: the tile's last split to arrive sums the partials (float64's
+    numbers within rounding); every count is zero after each call, so the next call (or a CUDA graph's
+    replay) starts afresh, and repeated calls agree bit for bit."""
+    from speclite.kernels import triton_common
+
+    gen = torch.Generator().manual_seed(9)
+    x, w = torch.randn(3, 256, generator=gen), torch.randn(40, 256, generator=gen) * 0.1
+    first = dense_triton.dense_gemm(x, w, None, GemmConfig(16, 16, 32, 4))
+    torch.testing.assert_close(first.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
+    assert not triton_common._tile_counts[x.device].any()
+    assert torch.equal(dense_triton.dense_gemm(x, w, None, GemmConfig(16, 16, 32, 4)), first)
