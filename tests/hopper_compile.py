@@ -181,6 +181,9 @@ def launches(quick: bool) -> None:
         norms = ((torch.rand(d).to(dtype), torch.rand(d).to(dtype)), 1e-6)
         for start, qk_norm in ((5, ()), (torch.arange(5, 8), ()), (torch.arange(5, 8), norms)):
             gpu_layer_ops_triton.rope_cache(qkv, cos, sin, cache_k, cache_v, start, heads, kv, qk_norm)
+    tree = torch.ones(3, 3, dtype=torch.bool).tril()
+    for window in (None, 4096):
+        gpu_layer_ops_triton.static_mask(torch.arange(5, 8), torch.arange(5, 8), tree, 512, window)
     vocab, drafts = 1000, 4
     p = torch.rand(drafts + 1, vocab)
     verify_triton.verify_rejection(torch.randint(0, vocab, (drafts,)), torch.rand(drafts, vocab), p,
@@ -194,7 +197,7 @@ def must_not_spill(launch: Launch) -> bool:
     c = launch.constexprs
     if launch.name == "_w4a16_kernel":
         return c["TILE_IN_ONE_GROUP"] and c["BLOCK_K"] >= 128 and c["BLOCK_M"] == 16
-    return launch.name in ("_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel")
+    return launch.name in ("_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel", "_static_mask_kernel")
 
 
 def main(argv=None) -> int:

@@ -25,5 +25,5 @@ def test_every_kernel_compiles_for_hopper_and_the_fast_tiles_keep_their_register
     assert "distinct launches compiled" in done.stdout
     for kernel in ("_w4a16_kernel", "_dense_kernel", "_fp8_block_gemm_kernel", "_int8_gemm_kernel", "_group_quant_fp8_kernel",
                    "_token_quant_int8_kernel", "_rms_norm_kernel", "_silu_mul_kernel",
-                   "_rope_cache_kernel", "_verify_rejection_kernel"):
+                   "_rope_cache_kernel", "_static_mask_kernel", "_verify_rejection_kernel"):
         assert kernel in done.stdout

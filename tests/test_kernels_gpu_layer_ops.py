@@ -271,3 +271,23 @@ def test_fp8_parts_of_partial_blocks_stay_apart(as_on_a_gpu):
     as_on_a_gpu(True)
     join_projections(model)
     assert not any(hasattr(m, "joined") for m in model.modules())
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("t,first,span", [(1, 9, 256), (5, 0, 16), (4, 300, 1536)])  # a step, a tree at 0, past a block
+def test_static_mask_is_forward_statics(window, t, first, span):
+    """A CUDA-graph step's mask in one kernel: every cache key before the first new slot, the new tokens
+    by their tree mask (ancestors only), nothing after them, a sliding window bounding both."""
+    gen = torch.Generator().manual_seed(t + first)
+    slots = torch.arange(first, first + t)
+    pos = slots - 2  # a tree's positions are its depths, not its slots
+    tree = torch.rand(t, t, generator=gen) < 0.5
+    tree |= torch.eye(t, dtype=torch.bool)
+    mask = ops.static_mask(slots, pos, tree, span, window)
+    rel = torch.arange(span) - first  # the rule, independently: key j is new token j - first
+    new = (rel >= 0) & (rel < t)
+    expected = (rel < 0)[None, :] | (tree[:, rel.clamp(0, t - 1)] & new[None, :])
+    if window is not None:
+        key_pos = torch.where(new, pos[rel.clamp(0, t - 1)], rel + first)
+        expected &= key_pos[None, :] > pos[:, None] - window
+    assert mask.dtype == torch.bool and torch.equal(mask, expected)

@@ -58,3 +58,13 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k:
     from . import gpu_layer_ops_triton
 
     return gpu_layer_ops_triton.rope_cache(qkv, cos, sin, cache_k, cache_v, start, heads, kv_heads, qk_norm)
+
+
+def static_mask(slots: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor, span: int,
+                window: int | None) -> torch.Tensor:
+    """A CUDA-graph step's attention mask [T, span] (Transformer.forward_static's rule) in one kernel:
+    the keys before the first new slot all seen, the new tokens' own keys by tree_mask, a sliding
+    window (when set) bounding both; the dozen small ops it replaces each launched a kernel."""
+    from . import gpu_layer_ops_triton
+
+    return gpu_layer_ops_triton.static_mask(slots, pos, tree_mask, span, window)

@@ -123,3 +123,29 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k:
         eps, qkv.stride(0), max_len, H=heads, KV=kv_heads, D=d, BLOCK=triton.next_power_of_2(d),
         HAS_SLOTS=has_slots, QK_NORM=bool(qk_norm), num_warps=1)
     return q
+
+
+@triton.jit
+def _static_mask_kernel(slots_ptr, pos_ptr, tree_ptr, out_ptr, T, span, window,
+                        BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    rel = cols - tl.load(slots_ptr)
+    inside = (rel >= 0) & (rel < T)
+    at = tl.minimum(tl.maximum(rel, 0), T - 1)
+    seen = (rel < 0) | ((tl.load(tree_ptr + row * T + at, mask=cols < span, other=0) != 0) & inside)
+    if HAS_WINDOW:
+        k_pos = tl.where(inside, tl.load(pos_ptr + at, mask=cols < span, other=0), rel + tl.load(slots_ptr))
+        seen = seen & (k_pos > tl.load(pos_ptr + row) - window)
+    tl.store(out_ptr + row * span + cols, seen.to(tl.int8), mask=cols < span)
+
+
+def static_mask(slots: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor, span: int,
+                window: int | None) -> torch.Tensor:
+    t = tree_mask.shape[0]
+    out = torch.empty(t, span, dtype=torch.bool, device=slots.device)
+    block = min(1024, triton.next_power_of_2(span))
+    _static_mask_kernel[(t, triton.cdiv(span, block))](
+        slots, pos, tree_mask.contiguous().view(torch.int8), out.view(torch.int8), t, span,
+        0 if window is None else window, BLOCK=block, HAS_WINDOW=window is not None, num_warps=4)
+    return out

@@ -202,15 +202,15 @@ def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype) 
 
 def rope_rows(owner: nn.Module, pos: torch.Tensor | slice, max_len: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """rope_tables of `owner`'s RoPE (its inv_freq and rope_scale) for positions `pos` (< max_len; a
-    slice: consecutive ones, a chain). On the CPU, rows of tables computed once for every position of
-    the cache and kept on the owner (the same numbers: each element is computed on its own); the six
-    ops per step cost more than the lookup there, and a chain's rows are a view."""
-    if device.type != "cpu":
-        pos = torch.arange(pos.start, pos.stop, device=device) if isinstance(pos, slice) else pos
-        return rope_tables(pos, owner.inv_freq, owner.rope_scale, dtype)
+    slice: consecutive ones, a chain): rows of tables computed once for every position of the cache and
+    kept on the owner (the same numbers: each element is computed on its own). The six ops per step
+    cost more than the lookup on the CPU, and on a GPU they were six kernels a step against two (none
+    for a chain, whose rows are a view)."""
     tables = owner.__dict__.get("_rope_tables")
-    if tables is None or tables[0].shape[0] < max_len or tables[0].dtype != dtype:
-        tables = owner._rope_tables = rope_tables(torch.arange(max_len), owner.inv_freq, owner.rope_scale, dtype)
+    if (tables is None or tables[0].shape[0] < max_len or tables[0].dtype != dtype
+            or tables[0].device != owner.inv_freq.device):
+        tables = owner._rope_tables = rope_tables(torch.arange(max_len, device=owner.inv_freq.device),
+                                                  owner.inv_freq, owner.rope_scale, dtype)
     with one_thread(device):  # a prompt's rows picked by a tensor went through OpenMP (kernels.cpu_threads)
         return tables[0][pos], tables[1][pos]
 
@@ -595,8 +595,11 @@ class Transformer(nn.Module):
         a CUDA graph once and replayed at any position below `span` (default: the whole cache): only
         the cache's first span keys are read.
         """
-        t = tokens.shape[0]
-        rel = torch.arange(cache.max_len if span is None else span, device=tokens.device) - slots[0]
+        t, span = tokens.shape[0], cache.max_len if span is None else span
+        if gpu_layer_ops.takes(tokens):
+            mask = gpu_layer_ops.static_mask(slots, pos, tree_mask, span, self.args.sliding_window)
+            return self._run(tokens, pos, cache, slots, mask, None, wants)
+        rel = torch.arange(span, device=tokens.device) - slots[0]
         inside = (rel >= 0) & (rel < t)
         at = rel.clamp(0, t - 1)
         mask = (rel < 0)[None, :] | (tree_mask[:, at] & inside[None, :])
