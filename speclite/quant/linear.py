@@ -156,7 +156,10 @@ class Int4Linear(QuantLinear):
         n, k = w.q.shape
         super().__init__(k, n, bias, dtype, device, kernels)
         self.group_size = w.group_size
+        # A column order that puts each group's channels together (None: groups of uneven size), and the
+        # same where it moves any (act-order checkpoints; else None: no gather needed).
         perm = _contiguous_group_order(w.g_idx, w.group_size)
+        shuffle = None if perm is None or _in_order(w.g_idx, w.group_size) else perm
         if self.use_kernels:
             self.path = "w4a16_gemm"
             # Act-order (g_idx a shuffle of whole groups): the input channels kept in group order and x's
@@ -164,22 +167,20 @@ class Int4Linear(QuantLinear):
             # tiles: a tile gathering each channel's scale compiles to 0.49-0.76 warp instructions a
             # weight in ~9x the shared memory, against 0.14-0.26; tests/hopper_compile.py).
             # Only groups that cannot be put in order keep g_idx.
-            if perm is not None and torch.equal(perm, torch.arange(k, device=perm.device)):
-                perm = None
-            elif perm is not None:
-                w = Int4Weight(w.q[:, perm], w.zeros, w.scales, w.g_idx[perm], w.group_size)
+            if shuffle is not None:
+                w = Int4Weight(w.q[:, shuffle], w.zeros, w.scales, w.g_idx[shuffle], w.group_size)
             self.register_buffer("qweight", pack_nibbles(w.q.t(), 0).to(device))
             self.register_buffer("qzeros", pack_nibbles(w.zeros, 1).to(device))  # real zeros (v2)
             self.register_buffer("scales", w.scales.to(device))
             self.register_buffer("g_idx", None if _in_order(w.g_idx, w.group_size) else w.g_idx.to(device))
-            self.register_buffer("perm", None if perm is None else perm.to(device))
+            self.register_buffer("perm", None if shuffle is None else shuffle.to(device))
             return
         if perm is not None and w.group_size % 32 == 0 and cpu_gemm.available():
             self.path = "cpu_int4"
             packed = cpu_gemm.pack_int4(w.q[:, perm], w.scales, w.zeros, w.group_size)
             for name, t in zip(("qweight", "scales", "zeros"), packed):
                 self.register_buffer(name, t)
-            self.register_buffer("perm", None if torch.equal(perm, torch.arange(k)) else perm)
+            self.register_buffer("perm", shuffle)
         elif n % 16 == 0 and w.group_size in INT4PACK_GROUPS and perm is not None:
             self.path = "int4pack"
             q = w.q.long()[:, perm].to(torch.int32)
@@ -188,8 +189,7 @@ class Int4Linear(QuantLinear):
             s = w.scales.float()
             shift = (8 - w.zeros.float()) * s
             self.register_buffer("scales_zeros", torch.stack([s, shift], dim=-1).to(torch.bfloat16).contiguous())
-            identity = torch.equal(perm, torch.arange(k))
-            self.register_buffer("perm", None if identity else perm)
+            self.register_buffer("perm", shuffle)
         else:
             # Shapes the packed op cannot take (N % 16, odd group sizes, uneven act-order groups).
             self.path = "dequantized"
