@@ -80,7 +80,8 @@ def fp8_block_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: t
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
         out, parts, counts = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device, grid[0] * grid[1])
         _fp8_block_gemm_kernel[grid](
-            xq, x_scales, weight, weight_scale_inv, out, parts, counts, m, n, k, x_scales.shape[1], weight_scale_inv.shape[1],
+            xq, x_scales, weight, weight_scale_inv, out, parts, counts, m, n, k, x_scales.shape[1],
+            weight_scale_inv.shape[1],
             GROUP_N=group_n, GROUP_K=group_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )

@@ -130,14 +130,16 @@ def _static_mask_kernel(slots_ptr, pos_ptr, tree_ptr, out_ptr, T, span, window,
                         BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    rel = cols - tl.load(slots_ptr)
+    in_span = cols < span
+    first = tl.load(slots_ptr)
+    rel = cols - first
     inside = (rel >= 0) & (rel < T)
     at = tl.minimum(tl.maximum(rel, 0), T - 1)
-    seen = (rel < 0) | ((tl.load(tree_ptr + row * T + at, mask=cols < span, other=0) != 0) & inside)
+    seen = (rel < 0) | ((tl.load(tree_ptr + row * T + at, mask=in_span, other=0) != 0) & inside)
     if HAS_WINDOW:
-        k_pos = tl.where(inside, tl.load(pos_ptr + at, mask=cols < span, other=0), rel + tl.load(slots_ptr))
+        k_pos = tl.where(inside, tl.load(pos_ptr + at, mask=in_span, other=0), cols)  # other keys: position = slot
         seen = seen & (k_pos > tl.load(pos_ptr + row) - window)
-    tl.store(out_ptr + row * span + cols, seen.to(tl.int8), mask=cols < span)
+    tl.store(out_ptr + row * span + cols, seen.to(tl.int8), mask=in_span)
 
 
 def static_mask(slots: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor, span: int,

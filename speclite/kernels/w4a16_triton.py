@@ -57,7 +57,8 @@ def _w4a16_kernel(
                 mask_r = rows < K // 8
                 packed = tl.load(qw_ptr + rows[:, None] * stride_qw + offs_n[None, :],
                                  mask=mask_r[:, None] & mask_n[None, :], other=0)
-                zeros = tl.broadcast_to(zero[None, :] + NIBBLE_BIAS, [BLOCK_K // 8, BLOCK_N]).to(x_ptr.dtype.element_ty)
+                zeros = tl.broadcast_to(zero[None, :] + NIBBLE_BIAS, [BLOCK_K // 8, BLOCK_N])
+                zeros = zeros.to(x_ptr.dtype.element_ty)
                 part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for j in tl.static_range(8):
                     a = tl.load(x_ptr + offs_m[:, None] * stride_xm + (rows * 8 + j)[None, :],
@@ -147,7 +148,8 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
             GROUP_SIZE=group_size, HAS_GIDX=gidx is not None,
             TILE_IN_ONE_GROUP=gidx is None and group_size % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            DOT_PRECISION=dot_precision(x.dtype), NIBBLE_BITS=bits, NIBBLE_BIAS=bias, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            DOT_PRECISION=dot_precision(x.dtype), NIBBLE_BITS=bits, NIBBLE_BIAS=bias,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
 
