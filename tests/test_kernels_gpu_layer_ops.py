@@ -171,6 +171,11 @@ def test_decoder_through_the_gpu_ops_gives_its_torch_codes_logits(config, as_on_
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
 
 
+def storage_bytes(tensors) -> dict:
+    """Each distinct storage under the tensors: its address -> its size."""
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
 def test_joined_projections_are_views_and_give_the_same_logits(as_on_a_gpu):
     """join_projections: q/k/v and gate/up as rows of one tensor each, the parameters its views (the
     state dict the same numbers, no byte added), and the same logits."""
@@ -180,9 +185,9 @@ def test_joined_projections_are_views_and_give_the_same_logits(as_on_a_gpu):
     as_on_a_gpu(True)
     before = two_steps(model)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    storages = storage_bytes(model.parameters())
     join_projections(model)
-    after = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    after = storage_bytes(model.parameters())
     # Per block q, k, v (weights and biases), gate and up: eight tensors become three.
     assert sum(after.values()) == sum(storages.values()) and len(storages) - len(after) == 5 * 2
     for block in model.model.layers:
@@ -243,10 +248,9 @@ def test_joined_quantized_projections_are_views_and_give_the_same_logits(scheme,
     as_on_a_gpu(True)
     before = two_steps(model)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    nbytes = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in model.state_dict().values()}.values())
+    nbytes = sum(storage_bytes(model.state_dict().values()).values())
     join_projections(model)
-    joined = {t.untyped_storage().data_ptr(): t for t in model.state_dict().values()}
-    assert sum(t.untyped_storage().nbytes() for t in joined.values()) == nbytes
+    assert sum(storage_bytes(model.state_dict().values()).values()) == nbytes
     for block in model.model.layers:
         attn, mlp = block.self_attn, block.mlp
         for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
