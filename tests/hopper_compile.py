@@ -78,16 +78,14 @@ class Launch:
     loop: int  # warp instructions in its largest loop (a GEMM's K loop)
 
 
-compiled: list = []  # (JITFunction name, its CompiledKernel), in launch order
+compiled: list = []  # (JITFunction name, its CompiledKernel, the launch's keywords), in launch order
+_run = JITFunction.run
 
 
 def _compile_only(self, *args, grid, warmup, **kwargs):
     kernel = _run(self, *args, grid=grid, warmup=True, **kwargs)
-    compiled.append((self.fn.__name__, kernel, args, kwargs))
+    compiled.append((self.fn.__name__, kernel, kwargs))
     return kernel
-
-
-_run = JITFunction.run
 
 
 def resources(kernel) -> tuple[int, int, int]:
@@ -215,7 +213,7 @@ def main(argv=None) -> int:
     except Exception as e:  # the launch that failed to compile is the last one attempted
         failed.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     seen, rows = set(), []
-    for name, kernel, _, kwargs in compiled:
+    for name, kernel, kwargs in compiled:
         meta = kernel.metadata
         constexprs = {k: v for k, v in kwargs.items() if k.isupper()}
         key = (name, tuple(sorted(constexprs.items())), meta.num_warps, meta.num_stages)
