@@ -122,15 +122,15 @@ def per_weight(launch: "Launch") -> float | None:
     (132 SMs x 4 schedulers x 1.98 GHz) a loop at c per weight tops out at 1.05e12 / c weights a second
     (int4 at 80% of its 4.2 TB/s copy bandwidth: c <= 0.16)."""
     c = launch.constexprs
-    if "BLOCK_N" not in c or not launch.loop:
+    if "BLOCK_K" not in c or not launch.loop:
         return None
     return launch.loop * launch.num_warps / (c["BLOCK_N"] * c["BLOCK_K"])
 
 
 def launches(quick: bool) -> None:
     """Call every Triton host function with the launch configs and dtypes it can be given."""
-    from speclite.kernels import (dense_triton, fp8_block_triton, gpu_layer_ops_triton, int8_triton, tuning,
-                                  verify_triton, w4a16_triton)
+    from speclite.kernels import (attention_triton, dense_triton, fp8_block_triton, gpu_layer_ops_triton,
+                                  int8_triton, tuning, verify_triton, w4a16_triton)
     from speclite.kernels.tuning import GemmConfig
 
     def configs(m):
@@ -179,6 +179,10 @@ def launches(quick: bool) -> None:
         norms = ((torch.rand(d).to(dtype), torch.rand(d).to(dtype)), 1e-6)
         for start, qk_norm in ((5, ()), (torch.arange(5, 8), ()), (torch.arange(5, 8), norms)):
             gpu_layer_ops_triton.rope_cache(qkv, cos, sin, cache_k, cache_v, start, heads, kv, qk_norm)
+        q = torch.randn(3, 28, d).to(dtype)  # Qwen2.5-7B's heads: 7 a KV head
+        cache_k, cache_v = torch.zeros(2, 4, 1024, d, dtype=dtype)
+        for start, mask in ((300, None), (torch.arange(300, 303), torch.ones(3, 512, dtype=torch.bool))):
+            attention_triton.attention(q, cache_k, cache_v, start, mask)
     tree = torch.ones(3, 3, dtype=torch.bool).tril()
     for window in (None, 4096):
         gpu_layer_ops_triton.static_mask(torch.arange(5, 8), torch.arange(5, 8), tree, 512, window)
@@ -190,12 +194,13 @@ def launches(quick: bool) -> None:
 
 
 # Kernels whose every launch must keep its registers (a spill is a local-memory round trip in the
-# inner loop): the per-token layer ops, and W4A16 tiles inside one group with whole packed words.
+# inner loop): the per-token layer ops and the attention, and W4A16 tiles inside one group with whole packed words.
 def must_not_spill(launch: Launch) -> bool:
     c = launch.constexprs
     if launch.name == "_w4a16_kernel":
         return c["TILE_IN_ONE_GROUP"] and c["BLOCK_K"] >= 128 and c["BLOCK_M"] == 16
-    return launch.name in ("_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel", "_static_mask_kernel")
+    return launch.name in ("_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel", "_static_mask_kernel",
+                           "_attention_kernel")
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,5 @@
-"""A decoder layer's small per-token ops as one Triton kernel each on a GPU: RMSNorm, SiLU-and-
-multiply, and an attention layer's q/k norms + RoPE + KV-cache write.
+"""A decoder layer's per-token ops as one Triton kernel each on a GPU: RMSNorm, SiLU-and-multiply, an
+attention layer's q/k norms + RoPE + KV-cache write, and the attention of decode and verification rows.
 
 On an H200 a bf16 decode step of a Qwen2.5-7B shape ran ~36 kernels a layer, and took 7.2 ms
 against 3.4 ms of weight reads: the norms, RoPE, cache writes and activations are a dozen small
@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import use_triton
+from .tuning import GEMV_ROWS
 
 
 def takes(x: torch.Tensor) -> bool:
@@ -58,6 +59,22 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k:
     from . import gpu_layer_ops_triton
 
     return gpu_layer_ops_triton.rope_cache(qkv, cos, sin, cache_k, cache_v, start, heads, kv_heads, qk_norm)
+
+
+def attends(t: int) -> bool:
+    """Whether `attention` takes t new rows: decode and verification rows (the GEMMs' batch-invariant
+    row counts); a prefill's many rows take torch's flash attention, one pass over the keys for them all."""
+    return t <= GEMV_ROWS
+
+
+def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int | torch.Tensor,
+              mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v of the new rows q [T, H, D] (at cache slots start.., their keys and values
+    already in the caches [KV, max_len, D]) -> [T, H, D]; start an int or a CUDA-graph step's slots;
+    mask [T, >= start + T] bool (True: seen), None: causal. Each row's numbers are those it has alone."""
+    from . import attention_triton
+
+    return attention_triton.attention(q, cache_k, cache_v, start, mask)
 
 
 def static_mask(slots: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor, span: int,

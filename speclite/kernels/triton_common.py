@@ -29,17 +29,23 @@ def round_to_e4m3(v):
     return round_half_even(v * inv_spacing) * spacing
 
 
-_tile_counts: dict = {}  # device -> int32 zeros, one per output tile of a split-K GEMM (left zero after each)
+_tile_counts: dict = {}  # device -> int32 zeros, one per output tile of a split kernel (left zero after each)
+
+
+def tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
+    """The arrival counts store_split (and the attention's chunks) keep per output tile: allocated once
+    per device, before any CUDA graph captures a kernel (the tuner runs each GEMM shape eagerly first)."""
+    counts = _tile_counts.get(device)
+    if counts is None or counts.numel() < tiles:
+        counts = _tile_counts[device] = torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device)
+    return counts
 
 
 def gemm_out_buffers(m: int, n: int, split_k: int, dtype: torch.dtype, device: torch.device, tiles: int):
     """(out, partials, counts) for a GEMM kernel's store_split: out, split-K's fp32 partials (out itself,
-    never read, without), and the per-tile arrival counts. The counts are allocated once per device,
-    before any CUDA graph captures a GEMM (the tuner runs each shape eagerly first)."""
+    never read, without), and the per-tile arrival counts."""
     out = torch.empty((m, n), dtype=dtype, device=device)
-    counts = _tile_counts.get(device)
-    if counts is None or counts.numel() < tiles:
-        counts = _tile_counts[device] = torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device)
+    counts = tile_counts(device, tiles)
     if split_k == 1:
         return out, out, counts
     return out, torch.empty((split_k, m, n), dtype=torch.float32, device=device), counts

@@ -230,6 +230,11 @@ def attended(start, t: int, cache_k: torch.Tensor, mask: torch.Tensor | None = N
     return int(start[0]), cache_k.shape[1] if mask is None else mask.shape[-1]
 
 
+def causal_mask(start: int, t: int, device) -> torch.Tensor:
+    """[T, start + T] bool: the new rows at slots start.. each see the keys up to their own slot."""
+    return torch.arange(start + t, device=device)[None, :] <= torch.arange(start, start + t, device=device)[:, None]
+
+
 def hooked(modules) -> bool:
     """Whether a module has forward hooks (calibration records each linear's input): such modules are
     called one by one, never fused away."""
@@ -328,8 +333,11 @@ class Attention(nn.Module):
                                           mask, *self.qk_norm_weights())
             return self.o_proj(out)
         if self.gpu_rope_applies(qkv, cache_k):
-            # The q/k norms, RoPE and the cache write in one kernel.
+            # The q/k norms, RoPE and the cache write in one kernel; decode and verification rows'
+            # attention in one more.
             q = gpu_layer_ops.rope_cache(qkv, cos, sin, cache_k, cache_v, start, h, kv, self.qk_norm_weights())
+            if gpu_layer_ops.attends(t):
+                return self.o_proj(gpu_layer_ops.attention(q, cache_k, cache_v, start, mask).reshape(t, h * d))
         else:
             q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
             q, k, v = q.reshape(t, h, d), k.reshape(t, kv, d), v.reshape(t, kv, d)
@@ -349,11 +357,17 @@ class Attention(nn.Module):
             # Static shapes (CUDA graphs): positions are a tensor, the cache's first span keys (the
             # mask's width) are attended under the mask, so every launch in a span has one shape.
             keys, values = cache_k[:, :mask.shape[-1]], cache_v[:, :mask.shape[-1]]
+        # No mask reads as causal (as every attention kernel reads it); from the cache's start that is
+        # SDPA's own causal rule, which keeps its flash backend (a mask sends grouped heads to its math).
+        from_start = mask is None and t > 1 and isinstance(start, int) and start == 0
+        if mask is None and t > 1 and not from_start:
+            mask = causal_mask(start, t, x.device)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             keys.unsqueeze(0),
             values.unsqueeze(0),
             attn_mask=mask,
+            is_causal=from_start,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return self.o_proj(out.squeeze(0).transpose(0, 1).reshape(t, -1))
@@ -509,7 +523,7 @@ class Transformer(nn.Module):
         if tree is None:
             q_pos = torch.arange(start, end, device=device)
             k_pos = torch.arange(end, device=device)
-            mask = k_pos[None, :] <= q_pos[:, None]
+            mask = causal_mask(start, t, device)
         else:
             q_pos = start + tree.depth
             k_pos = torch.cat([torch.arange(start, device=device), q_pos])
@@ -652,8 +666,8 @@ class Transformer(nn.Module):
             if head is not None:  # the final norm and the logits came out of the same call
                 return Step(head[1], head[0], layers)
         else:
-            if mask is CAUSAL:
-                mask = self._mask(start, x.shape[0], x.device, None)
+            if mask is CAUSAL:  # the GPU's attention reads no mask as causal; torch's SDPA needs one built
+                mask = None if gpu_layer_ops.takes(x) else self._mask(start, x.shape[0], x.device, None)
             layers = {}
             for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
                 if i in wants.layers:
