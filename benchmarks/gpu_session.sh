@@ -46,7 +46,7 @@ case "$stage" in
     # Triton compiles each launch config once per process: 12 workers compile side by side.
     extra="$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 150") $(python3 -c "import xdist" 2>/dev/null && echo "-n 12")"
     run python3 -m pytest -m cuda -p no:cacheprovider -rs --durations 15 $extra ;;
-  kernels)  # W4A16 / FP8-block / W8A8 GEMMs and the verify kernel vs torch's ops and copy bandwidth
+  kernels)  # attention, dense / W4A16 / FP8-block / W8A8 GEMMs and the verify kernel vs torch's ops and copy bandwidth
     run python3 benchmarks/kernels.py --reps 20 ;;
   decode)  # a decode step vs the roofline and transformers, bf16 / int4 / fp8 targets, CUDA graphs
     quants=none,int4,fp8-block

@@ -1,5 +1,6 @@
 """Kernel benchmarks on one CUDA GPU: speclite's Triton kernels vs torch's own ops (the GEMMs:
-dense bf16 for decode / verification rows, W4A16, FP8-block, W8A8).
+dense bf16 for decode / verification rows, W4A16, FP8-block, W8A8; the decode / verification
+attention against torch's SDPA as the decoder called it before).
 
 Shapes are the linear layers of Qwen2.5-7B- and 0.5B-sized decoders (--shapes) at batch M = 1 (a
 decode step), 2..9 (a verification of k + 1 rows, k = 1..8) and one prefill M. A GEMM's time
@@ -22,6 +23,7 @@ import time
 import torch
 
 SHAPES = {"7b": (3584, 18944, 4 * 128), "0.5b": (896, 4864, 2 * 64)}  # hidden, intermediate, KV width
+HEADS = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}  # query heads, KV heads, head dim
 
 
 def layers(shape: str) -> dict[str, tuple[int, int]]:
@@ -194,6 +196,42 @@ def bench_verify(reps):
         print(f"rejection  {k:3d} {ms:10.4f} {torch_ms:9.4f} {torch_ms / ms:8.2f}")
 
 
+def bench_attention(shape, reps, bw_gbs):
+    """The decode / verification attention (1 and 9 rows, causal) at several cache lengths against torch's
+    SDPA as the decoder called it before: no mask for one row (its flash backend), a mask for more (its
+    math backend, which grouped KV heads take under a mask). GB/s: the keys and values read."""
+    import torch.nn.functional as F
+
+    from speclite.kernels import gpu_layer_ops
+
+    heads, kv, d = HEADS[shape]
+    print(f"\n{'attention':10} {shape:5} {'keys':>6} {'rows':>4} {'ms':>8} {'GB/s':>7} {'%bw':>5} {'sdpa ms':>8} "
+          f"{'x sdpa':>7} {'rel err':>8}")
+    for keys in (512, 4096, 32768):
+        cache_k, cache_v = torch.randn(2, kv, keys + 16, d, dtype=torch.bfloat16, device="cuda")
+        for t in (1, 9):
+            first = keys - t
+            q = torch.randn(t, heads, d, dtype=torch.bfloat16, device="cuda")
+            mask = None if t == 1 else (torch.arange(keys, device="cuda")[None, :]
+                                        <= torch.arange(first, keys, device="cuda")[:, None])
+
+            def sdpa():
+                return F.scaled_dot_product_attention(q.transpose(0, 1)[None], cache_k[None, :, :keys],
+                                                      cache_v[None, :, :keys], attn_mask=mask, enable_gqa=True)
+
+            try:
+                out = gpu_layer_ops.attention(q, cache_k, cache_v, first, None)
+                err = rel_err(out, sdpa()[0].transpose(0, 1))
+                ms = median_ms(lambda: gpu_layer_ops.attention(q, cache_k, cache_v, first, None), reps)
+            except Exception as e:
+                print(f"attention  {shape:5} {keys:6d} {t:4d} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                continue
+            sdpa_ms = median_ms(sdpa, reps)
+            gbs = 2 * kv * keys * d * 2 / ms / 1e6
+            print(f"attention  {shape:5} {keys:6d} {t:4d} {ms:8.4f} {gbs:7.0f} {100 * gbs / bw_gbs:4.0f}% {sdpa_ms:8.4f} "
+                  f"{sdpa_ms / ms:7.2f} {err:8.1e}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefill-m", type=int, default=2048)
@@ -217,6 +255,7 @@ def main() -> int:
     peak = bf16_matmul_tflops(args.reps)
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw:.0f} GB/s, bf16 matmul {peak:.0f} TFLOP/s")
     for shape in shapes:
+        bench_attention(shape, args.reps, bw)
         bench_gemms(shape, DECODE_M + (args.prefill_m,), args.reps, bw, peak)
     bench_verify(args.reps)
     return 0
