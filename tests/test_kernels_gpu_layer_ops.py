@@ -295,3 +295,34 @@ def test_static_mask_is_forward_statics(window, t, first, span):
         key_pos = torch.where(new, pos[rel.clamp(0, t - 1)], rel + first)
         expected &= key_pos[None, :] > pos[:, None] - window
     assert mask.dtype == torch.bool and torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize("wanted", [(), (1,), (0, 2)], ids=["none", "middle", "first+last"])
+def test_blocks_leave_their_residual_add_to_the_next_norm(wanted, as_on_a_gpu):
+    """A step's blocks hand their MLP output to the next norm's kernel unadded (RMSNorm.after_add):
+    the logits, final states and wanted layer states are the bits of the blocks called one by one, each
+    adding its own; a block with a hook is called (the hook fires) with the stream summed."""
+    from speclite.model.decoder import rope_tables
+    from speclite.model.step import Wants
+
+    model = small_model("qwen3-0.6b")
+    as_on_a_gpu(True)
+    tokens = torch.randint(0, 300, (6,), generator=torch.Generator().manual_seed(4))
+    wants = Wants(final=True, layers=wanted)
+    with torch.inference_mode():
+        step = model.step(tokens, model.new_cache(16), wants=wants)
+        cache = model.new_cache(16)
+        x = model.embed(tokens)
+        cos, sin = rope_tables(torch.arange(6), model.inv_freq, model.rope_scale, x.dtype)
+        states = {}
+        for i, (block, layer_cache) in enumerate(zip(model.model.layers, cache.layers)):
+            states[i] = x
+            x = block(x, cos, sin, layer_cache, 0, None)
+        states[2] = x
+        final = model.model.norm(x)
+        assert torch.equal(step.final, final) and torch.equal(step.logits, model.lm_head(final))
+        assert step.layers.keys() == set(wanted) and all(torch.equal(step.layers[i], states[i]) for i in wanted)
+        seen = []
+        model.model.layers[1].register_forward_hook(lambda module, args, out: seen.append(args[0].clone()))
+        hooked = model.step(tokens, model.new_cache(16), wants=wants)
+    assert len(seen) == 1 and torch.equal(seen[0], states[1]) and torch.equal(hooked.logits, step.logits)

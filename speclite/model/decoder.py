@@ -418,13 +418,24 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
     def forward(self, x, cos, sin, layer_cache, start, mask):
+        x, delta = self.run(x, None, cos, sin, layer_cache, start, mask)
+        return x if delta is None else x + delta
+
+    def run(self, x, pending, cos, sin, layer_cache, start, mask) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block on the residual stream x + pending (pending: the block before's MLP output, not yet
+        added; or None) -> (stream, its own MLP output, left for the next norm to add in its kernel: one
+        kernel a layer fewer on a GPU) or (whole output, None)."""
         fused = self.cpu_layer(x, layer_cache)
         if fused is not None:
+            x = x if pending is None else x + pending
             return cpu_layer_ops.decoder_layers(fused, x, cos, sin, [layer_cache],
-                                                *attended(start, x.shape[0], layer_cache[0], mask), mask)[0]
-        x, h = self.post_attention_layernorm.after_add(
-            x, self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, start, mask))
-        return x + self.mlp(h)
+                                                *attended(start, x.shape[0], layer_cache[0], mask), mask)[0], None
+        if pending is None:
+            h = self.input_layernorm(x)
+        else:
+            x, h = self.input_layernorm.after_add(x, pending)
+        x, h = self.post_attention_layernorm.after_add(x, self.self_attn(h, cos, sin, layer_cache, start, mask))
+        return x, self.mlp(h)
 
     def cpu_layer(self, x: torch.Tensor, layer_cache) -> cpu_layer_ops.Layers | None:
         """The whole block as one C call and one thread team (built once), where the CPU kernels take
@@ -655,7 +666,7 @@ class Transformer(nn.Module):
     def _run(self, tokens, pos, cache: KVCache, start, mask, num_logits, wants: Wants) -> Step:
         x = self.embed(tokens)
         cos, sin = self.rope(pos, cache.max_len, x.dtype, x.device)
-        fused = self.cpu_layers(x, cache)
+        fused, pending = self.cpu_layers(x, cache), None  # pending: a block's MLP output, not yet added
         if fused is not None:
             rows = min(num_logits, x.shape[0]) if num_logits else x.shape[0]  # as normed[-num_logits:] below
             x, layers, head = cpu_layer_ops.decoder_layers(fused, x, cos, sin, cache.layers,
@@ -668,15 +679,25 @@ class Transformer(nn.Module):
         else:
             if mask is CAUSAL:  # the GPU's attention reads no mask as causal; torch's SDPA needs one built
                 mask = None if gpu_layer_ops.takes(x) else self._mask(start, x.shape[0], x.device, None)
-            layers = {}
+            layers, n = {}, len(self.model.layers)
             for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
+                if pending is not None and (i in wants.layers or hooked([layer])):  # the stream whole
+                    x, pending = x + pending, None
                 if i in wants.layers:
                     layers[i] = x
-                x = layer(x, cos, sin, layer_cache, start, mask)
-            if len(self.model.layers) in wants.layers:
-                layers[len(self.model.layers)] = x
+                if hooked([layer]):  # called, so its hooks fire
+                    x = layer(x, cos, sin, layer_cache, start, mask)
+                else:  # its residual add left to the next norm's kernel
+                    x, pending = layer.run(x, pending, cos, sin, layer_cache, start, mask)
+            if n in wants.layers:
+                x, pending = x if pending is None else x + pending, None
+                layers[n] = x
         # Only the rows whose logits are asked for are normed, unless the final state is wanted too.
-        normed = self.model.norm(x if wants.final or num_logits is None else x[-num_logits:])
+        rows = slice(None) if wants.final or num_logits is None else slice(-num_logits, None)
+        if pending is None:
+            normed = self.model.norm(x[rows])
+        else:
+            normed = self.model.norm.after_add(x[rows], pending[rows])[1]
         final = normed if wants.final else None
         logits = self.lm_head(normed if num_logits is None else normed[-num_logits:])
         return Step(logits, final, layers)
