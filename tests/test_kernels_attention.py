@@ -101,3 +101,11 @@ def test_a_sliding_window_leaves_whole_chunks_unseen():
     seen = causal(first, t) & (key_pos[None, :] > q_pos[:, None] - window)
     out = attention_triton.attention(q, cache_k, cache_v, first, seen)
     torch.testing.assert_close(out.double(), exact(q, cache_k, cache_v, first, seen), **tolerance(torch.float32))
+
+
+def test_a_mask_narrower_than_the_keys_is_refused():
+    q, cache_k, cache_v = case(4, 2, 16, 3, 20, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="mask of 3 rows"):
+        attention_triton.attention(q, cache_k, cache_v, 20, torch.ones(3, 22, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask of 3 rows"):
+        attention_triton.attention(q, cache_k, cache_v, 20, torch.ones(2, 23, dtype=torch.bool))

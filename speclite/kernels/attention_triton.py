@@ -117,6 +117,8 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, sta
     if not (q.is_contiguous() and cache_k.is_contiguous() and cache_v.is_contiguous()):
         raise ValueError("attention: q and both caches must be contiguous")
     has_slots = isinstance(start, torch.Tensor)
+    if mask is not None and (mask.shape[0] != t or (not has_slots and mask.shape[-1] < start + t)):
+        raise ValueError(f"attention: a mask of {t} rows over at least the {start} + {t} keys, got {list(mask.shape)}")
     # The most keys a row can see: the mask's width (a CUDA graph's span), else the cache so far.
     width = mask.shape[-1] if mask is not None else (max_len if has_slots else start + t)
     chunks_max = triton.cdiv(min(width, max_len), CHUNK)
