@@ -326,3 +326,19 @@ def test_blocks_leave_their_residual_add_to_the_next_norm(wanted, as_on_a_gpu):
         model.model.layers[1].register_forward_hook(lambda module, args, out: seen.append(args[0].clone()))
         hooked = model.step(tokens, model.new_cache(16), wants=wants)
     assert len(seen) == 1 and torch.equal(seen[0], states[1]) and torch.equal(hooked.logits, step.logits)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "cuda-graph-steps"])
+def test_greedy_speculation_through_the_gpu_ops_equals_plain(pair, static, as_on_a_gpu):
+    """The loop on the decoder's GPU routes (these kernels, interpreted): a draft model's chains verified
+    in k + 1-row passes give plain decoding's tokens, every row's attention its one-row step's."""
+    from speclite import LLM, SamplingParams
+
+    as_on_a_gpu(True)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    plain = LLM(pair[0], static=static)
+    spec = LLM(pair[0], {"method": "vanilla", "model": str(pair[1]), "num_speculative_tokens": 3}, static=static)
+    for prompt in ("def add(a, b):", "the quick brown"):
+        out = spec.generate(prompt, params)[0]
+        assert out.token_ids == plain.generate(prompt, params)[0].token_ids
+        assert 0 < out.aux_info["accept_rate"] < 1  # drafts accepted and rejected: the equality proves something
