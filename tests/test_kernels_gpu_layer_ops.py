@@ -1,7 +1,9 @@
 """The GPU layer ops' Triton kernels (RMSNorm, SiLU-and-multiply, q/k norms + RoPE + cache write)
 under Triton's interpreter, against the decoder's own torch code and float64 math: the same
 numbers, each row independent of the rows beside it, and nothing in the cache but the new slots
-touched. tests/test_cuda.py runs them compiled on a GPU.
+touched; and the decoder routed through them (with the attention kernel, tests/test_kernels_attention.py):
+its torch code's logits and states, and greedy speculation equal to plain decoding. tests/test_cuda.py
+runs them compiled on a GPU.
 
 The interpreter truncates float32 to bfloat16 where a GPU rounds to nearest, so bfloat16 is held
 to a few of its steps here; float16 and float32 round as on a GPU and are held to the same bits
