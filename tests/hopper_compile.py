@@ -170,9 +170,10 @@ def launches(quick: bool) -> None:
                     int8_triton.int8_gemm_quantized(xq8, xs8, w8, torch.rand(n, 1), dtype, cfg)
         d, heads, kv = 128, 4, 2
         rows = torch.randn(3, 896).to(dtype)
-        gpu_layer_ops_triton.rms_norm(rows, torch.rand(896).to(dtype), 1e-6)
-        gpu_layer_ops_triton.rms_norm(rows, torch.rand(896).to(dtype), 1e-6, torch.randn(3, 896).to(dtype))
-        gpu_layer_ops_triton.silu_mul(torch.randn(3, 2 * 4864).to(dtype))
+        for quant in (None, ("fp8", 128), ("int8", None)) if dtype != torch.float32 else (None,):
+            gpu_layer_ops_triton.rms_norm(rows, torch.rand(896).to(dtype), 1e-6, None, quant)
+            gpu_layer_ops_triton.rms_norm(rows, torch.rand(896).to(dtype), 1e-6, torch.randn(3, 896).to(dtype), quant)
+            gpu_layer_ops_triton.silu_mul(torch.randn(3, 2 * 4864).to(dtype), quant)
         qkv = torch.randn(3, (heads + 2 * kv) * d).to(dtype)
         cos, sin = torch.rand(2, 3, d).to(dtype)
         cache_k, cache_v = torch.zeros(2, kv, 64, d, dtype=dtype)

@@ -344,3 +344,52 @@ def test_greedy_speculation_through_the_gpu_ops_equals_plain(pair, static, as_on
         out = spec.generate(prompt, params)[0]
         assert out.token_ids == plain.generate(prompt, params)[0].token_ids
         assert 0 < out.aux_info["accept_rate"] < 1  # drafts accepted and rejected: the equality proves something
+
+
+@pytest.mark.parametrize("scheme", ["fp8-block", "w8a8"])
+def test_norms_and_silu_quantize_the_input_of_their_gemms(scheme, as_on_a_gpu, monkeypatch):
+    """FP8-block and W8A8 layers take their input quantized by the norm or SiLU-and-multiply kernel that
+    made it: the same logits, bit for bit, as quantizing it themselves; only the attention's output
+    (o_proj's input) is quantized on its own."""
+    from speclite.kernels import fp8_block, gpu_layer_ops, int8
+
+    model = quantized(small_model("qwen2.5-0.5b"), scheme)
+    as_on_a_gpu(True)
+    module, name = ((fp8_block, "per_token_group_quant_fp8_torch") if scheme == "fp8-block"
+                    else (int8, "per_token_quant_int8_torch"))
+    real, calls = getattr(module, name), []
+    monkeypatch.setattr(module, name, lambda *args: calls.append(1) or real(*args))
+    fused = two_steps(model)
+    assert len(calls) == 2 * 2  # two forwards x two layers: o_proj's alone
+    calls.clear()
+    monkeypatch.setattr(gpu_layer_ops, "quantized", lambda x, quant: None)  # every GEMM quantizes its own
+    unfused = two_steps(model)
+    assert len(calls) == 2 * 2 * 7  # q, k, v, o, gate, up, down
+    assert all(torch.equal(a, b) for a, b in zip(fused, unfused))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("quant", [("fp8", 128), ("fp8", 32), ("int8", None)], ids=["fp8-128", "fp8-32", "int8"])
+@pytest.mark.parametrize("dim", [200, 2600])  # a partial group; several SiLU blocks (and int8's loop)
+def test_producers_quantize_their_output_as_the_gemms_quantizer(dtype, quant, dim):
+    """A norm's and SiLU-and-multiply's quantized rows are the GEMM's own quantizer's of their output, bit
+    for bit (fp8 per token per group of columns, int8 per token), and the output is unchanged."""
+    from speclite.kernels.fp8_block import per_token_group_quant_fp8_torch
+    from speclite.kernels.int8 import per_token_quant_int8_torch
+
+    def reference(y):
+        return per_token_group_quant_fp8_torch(y, quant[1]) if quant[0] == "fp8" else per_token_quant_int8_torch(y)
+
+    def same(made, expected):  # as values: a tiny negative becomes +0 here and -0 in torch's fp8 conversion
+        return torch.equal(made[0].float(), expected[0].float()) and torch.equal(made[1], expected[1])
+
+    gen = torch.Generator().manual_seed(dim)
+    x, delta = (torch.randn(2, 3, dim, generator=gen) * 3).to(dtype)
+    weight = (torch.rand(dim, generator=gen) + 0.5).to(dtype)
+    y, q, scales = ops.rms_norm(x, weight, 1e-6, None, quant)
+    assert torch.equal(y, ops.rms_norm(x, weight, 1e-6)) and same((q, scales), reference(y))
+    total, y, q, scales = ops.rms_norm(x, weight, 1e-6, delta, quant)
+    assert torch.equal(y, ops.rms_norm(x, weight, 1e-6, delta)[1]) and same((q, scales), reference(y))
+    gate_up = (torch.randn(3, 2 * dim, generator=gen) * 3).to(dtype)
+    y, q, scales = ops.silu_mul(gate_up, quant)
+    assert torch.equal(y, ops.silu_mul(gate_up)) and same((q, scales), reference(y))

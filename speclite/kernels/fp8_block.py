@@ -35,10 +35,15 @@ def dequantize_fp8_block(weight: torch.Tensor, weight_scale_inv: torch.Tensor, b
 def fp8_block_gemm_torch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                          block_size=(128, 128)) -> torch.Tensor:
     """Reference and CPU path: quantize x like the kernel does, dequantize both sides, fp32 matmul."""
-    k = x.shape[1]
     xq, xs = per_token_group_quant_fp8_torch(x, block_size[1])
+    return fp8_block_gemm_quantized_torch(xq, xs, weight, weight_scale_inv, block_size, x.dtype)
+
+
+def fp8_block_gemm_quantized_torch(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor,
+                                   weight_scale_inv: torch.Tensor, block_size, out_dtype) -> torch.Tensor:
+    k = xq.shape[1]
     x_deq = xq.float() * xs.repeat_interleave(block_size[1], dim=1)[:, :k]
-    return (x_deq @ dequantize_fp8_block(weight, weight_scale_inv, block_size).T).to(x.dtype)
+    return (x_deq @ dequantize_fp8_block(weight, weight_scale_inv, block_size).T).to(out_dtype)
 
 
 def _triton_ok(x: torch.Tensor) -> bool:
@@ -61,3 +66,13 @@ def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
 
         return fp8_block_triton.fp8_block_gemm(x, weight, weight_scale_inv, tuple(block_size))
     return fp8_block_gemm_torch(x, weight, weight_scale_inv, tuple(block_size))
+
+
+def fp8_block_gemm_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                             block_size, out_dtype: torch.dtype) -> torch.Tensor:
+    """fp8_block_gemm on activations already quantized per token group (by a kernel that made them)."""
+    if _triton_ok(xq):
+        from . import fp8_block_triton
+
+        return fp8_block_triton.fp8_block_gemm_quantized(xq, xs, weight, weight_scale_inv, tuple(block_size), out_dtype)
+    return fp8_block_gemm_quantized_torch(xq, xs, weight, weight_scale_inv, tuple(block_size), out_dtype)

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from . import tuning
 from .fp8_block import FP8_MAX, FP8_SCALE_EPS
-from .triton_common import gemm_out_buffers, gemm_tile, round_to_e4m3, store_split
+from .triton_common import fp8_group_scale, gemm_out_buffers, gemm_tile, store_split, to_e4m3
 
 
 @triton.jit
@@ -25,10 +25,8 @@ def _group_quant_fp8_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, groups,
     offs = grp * GROUP_SIZE + tl.arange(0, BLOCK)
     mask = (tl.arange(0, BLOCK) < GROUP_SIZE) & (offs < K)
     x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
-    # div_rn: Triton's plain fp32 '/' is approximate; the torch path divides exactly.
-    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FP8_MAX), EPS)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
-    tl.store(xq_ptr + row * K + offs, round_to_e4m3(q).to(xq_ptr.dtype.element_ty), mask=mask)
+    scale = fp8_group_scale(tl.max(tl.abs(x), axis=0), FP8_MAX, EPS)
+    tl.store(xq_ptr + row * K + offs, to_e4m3(x, scale, FP8_MAX).to(xq_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * groups + grp, scale)
 
 

@@ -1,5 +1,6 @@
 """A decoder layer's per-token ops as one Triton kernel each on a GPU: RMSNorm, SiLU-and-multiply, an
-attention layer's q/k norms + RoPE + KV-cache write, and the attention of decode and verification rows.
+attention layer's q/k norms + RoPE + KV-cache write, and the attention of decode and verification rows;
+the norms and SiLU-and-multiply quantize their output for an FP8-block or W8A8 GEMM in the same pass.
 
 On an H200 a bf16 decode step of a Qwen2.5-7B shape ran ~36 kernels a layer, and took 7.2 ms
 against 3.4 ms of weight reads: the norms, RoPE, cache writes and activations are a dozen small
@@ -26,27 +27,57 @@ def takes(x: torch.Tensor) -> bool:
     return use_triton(x)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: tuple | None = None) -> torch.Tensor:
     """weight * rms_norm(x) over the last dimension, normalised in float32 and rounded to x's dtype
-    before the scale (as RMSNorm.forward); the result in the dtype torch's product would have."""
+    before the scale (as RMSNorm.forward); the result in the dtype torch's product would have. quant:
+    the format its consumer GEMM takes its input in (see `quantized`)."""
     from . import gpu_layer_ops_triton
 
-    return gpu_layer_ops_triton.rms_norm(x, weight, eps)
+    if quant is None:
+        return gpu_layer_ops_triton.rms_norm(x, weight, eps)
+    normed, q, scales = gpu_layer_ops_triton.rms_norm(x, weight, eps, None, quant)
+    return _attach(normed, quant, q, scales)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple:
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                 quant: tuple | None = None) -> tuple:
     """(x + delta, rms_norm of it): a block's residual add and the norm after it in one kernel, the sum
     rounded as torch's add of two tensors of x's dtype rounds it."""
     from . import gpu_layer_ops_triton
 
-    return gpu_layer_ops_triton.rms_norm(x, weight, eps, delta)
+    if quant is None:
+        return gpu_layer_ops_triton.rms_norm(x, weight, eps, delta)
+    total, normed, q, scales = gpu_layer_ops_triton.rms_norm(x, weight, eps, delta, quant)
+    return total, _attach(normed, quant, q, scales)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gate_up = [gate | up] along the last dimension."""
+def silu_mul(gate_up: torch.Tensor, quant: tuple | None = None) -> torch.Tensor:
+    """silu(gate) * up for gate_up = [gate | up] along the last dimension (quant: as rms_norm's)."""
     from . import gpu_layer_ops_triton
 
-    return gpu_layer_ops_triton.silu_mul(gate_up)
+    if quant is None:
+        return gpu_layer_ops_triton.silu_mul(gate_up)
+    out, q, scales = gpu_layer_ops_triton.silu_mul(gate_up, quant)
+    return _attach(out, quant, q, scales)
+
+
+# A producer kernel (a norm, SiLU-and-multiply) quantizes its output as the GEMM that takes it would,
+# in the same pass: FP8-block and W8A8 layers then skip their activation quantizer, one launch each.
+# The quantized rows ride on the output tensor itself (read by `quantized`), so every other reader,
+# and a consumer that cannot take them, sees the output as it always was.
+_QUANTIZED = "speclite_quantized"
+
+
+def quantized(x: torch.Tensor, quant: tuple | None) -> tuple | None:
+    """(q, scales) a producer kernel made of x in format quant: ("fp8", group), per token per group of
+    columns, or ("int8", None), per token; None where it made none in that format (or quant is None)."""
+    made = getattr(x, _QUANTIZED, None)
+    return made[1:] if quant is not None and made is not None and made[0] == quant else None
+
+
+def _attach(x: torch.Tensor, quant: tuple, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    setattr(x, _QUANTIZED, (quant, q, scales))
+    return x
 
 
 def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,

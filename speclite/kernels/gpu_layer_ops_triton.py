@@ -7,9 +7,35 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8_block import FP8_MAX, FP8_SCALE_EPS
+from .int8 import INT8_SCALE_EPS
+from .triton_common import fp8_group_scale, int8_row_scale, to_e4m3, to_int8
+
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.constexpr, ADD: tl.constexpr):
+def quantize_out(y, offs, D, q_ptr, s_ptr, row, QUANT: tl.constexpr, GROUP: tl.constexpr, QMAX: tl.constexpr,
+                 QEPS: tl.constexpr):
+    """A producer's output block y (fp32 values of the rounded output, columns offs of a row D wide) quantized
+    as its consumer GEMM would quantize it: QUANT 1, fp8 per GROUP columns (whole groups in the block);
+    QUANT 2, int8 with the row's scale (the whole row in the block)."""
+    if QUANT == 1:
+        groups = tl.reshape(y, (y.shape[0] // GROUP, GROUP))
+        at = tl.reshape(offs, (y.shape[0] // GROUP, GROUP))
+        scale = fp8_group_scale(tl.max(tl.abs(groups), axis=1), QMAX, QEPS)
+        tl.store(q_ptr + row * D + at, to_e4m3(groups, scale[:, None], QMAX).to(q_ptr.dtype.element_ty), mask=at < D)
+        first = tl.min(offs, axis=0) // GROUP
+        index = first + tl.arange(0, y.shape[0] // GROUP)
+        tl.store(s_ptr + row * tl.cdiv(D, GROUP) + index, scale, mask=index * GROUP < D)
+    if QUANT == 2:
+        scale = int8_row_scale(tl.max(tl.abs(y), axis=0), QEPS)
+        tl.store(q_ptr + row * D + offs, to_int8(y, scale).to(tl.int8), mask=offs < D)
+        tl.store(s_ptr + row, scale)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, q_ptr, s_ptr, D, eps, BLOCK: tl.constexpr,
+                     ADD: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, QMAX: tl.constexpr,
+                     QEPS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
@@ -20,46 +46,98 @@ def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.co
     xf = x.to(tl.float32)
     h = (xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)).to(x.dtype)  # rounded, then scaled: as RMSNorm
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * D + offs, (w * h.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+    y = (w * h.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * D + offs, y, mask=mask)
+    quantize_out(y.to(tl.float32), offs, D, q_ptr, s_ptr, row, QUANT, GROUP, QMAX, QEPS)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None):
-    """The norm of x, or (x + delta, the norm of that) when delta is given."""
+def quant_buffers(rows: int, d: int, quant: tuple | None, device) -> tuple:
+    """(QUANT, group, q, scales) for a producer that also quantizes its output for quant = ("fp8", group) or
+    ("int8", None); (0, 1, None, None) without."""
+    if quant is None:
+        return 0, 1, None, None
+    kind, group = quant
+    if kind == "fp8":
+        return (1, group, torch.empty(rows, d, dtype=torch.float8_e4m3fn, device=device),
+                torch.empty(rows, triton.cdiv(d, group), dtype=torch.float32, device=device))
+    return 2, 1, torch.empty(rows, d, dtype=torch.int8, device=device), torch.empty(rows, 1, dtype=torch.float32,
+                                                                                   device=device)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None,
+             quant: tuple | None = None):
+    """The norm of x, or (x + delta, the norm of that) when delta is given; with quant, the norm's rows
+    quantized too, (q, scales) after those."""
     d = x.shape[-1]
     rows = x.reshape(-1, d)
     rows = rows if rows.is_contiguous() else rows.contiguous()
     out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     total = None if delta is None else torch.empty_like(rows)
     deltas = None if delta is None else delta.reshape(-1, d).contiguous()
-    block = triton.next_power_of_2(d)
+    kind, group, q, scales = quant_buffers(rows.shape[0], d, quant, x.device)
+    block = max(triton.next_power_of_2(d), group)
     _rms_norm_kernel[(rows.shape[0],)](rows, rows if deltas is None else deltas, weight,
-                                       out if total is None else total, out, d, eps, BLOCK=block,
-                                       ADD=delta is not None, num_warps=min(16, max(1, block // 256)))
-    if delta is None:
-        return out.reshape(*x.shape[:-1], d)
-    return total.reshape(x.shape), out.reshape(*x.shape[:-1], d)
+                                       out if total is None else total, out, out if q is None else q,
+                                       out if scales is None else scales, d, eps, BLOCK=block,
+                                       ADD=delta is not None, QUANT=kind, GROUP=group, QMAX=FP8_MAX,
+                                       QEPS=FP8_SCALE_EPS if kind == 1 else INT8_SCALE_EPS,
+                                       num_warps=min(16, max(1, block // 256)))
+    normed = out.reshape(*x.shape[:-1], d)
+    made = (normed,) if delta is None else (total.reshape(x.shape), normed)
+    if quant:
+        return made + (q, scales)
+    return made[0] if delta is None else made
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, q_ptr, s_ptr, inter, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+                     GROUP: tl.constexpr, QMAX: tl.constexpr, QEPS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    if QUANT == 2:  # int8: the row's scale needs all of it, so one program walks the row twice
+        absmax = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in range(0, inter, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            y = swiglu(x_ptr, row, cols, inter)
+            tl.store(out_ptr + row * inter + cols, y, mask=cols < inter)
+            absmax = tl.maximum(absmax, tl.abs(y.to(tl.float32)))
+        scale = int8_row_scale(tl.max(absmax, axis=0), QEPS)
+        for c0 in range(0, inter, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            q = to_int8(swiglu(x_ptr, row, cols, inter).to(tl.float32), scale)
+            tl.store(q_ptr + row * inter + cols, q.to(tl.int8), mask=cols < inter)
+        tl.store(s_ptr + row, scale)
+    else:
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        y = swiglu(x_ptr, row, cols, inter)
+        tl.store(out_ptr + row * inter + cols, y, mask=cols < inter)
+        quantize_out(y.to(tl.float32), cols, inter, q_ptr, s_ptr, row, QUANT, GROUP, QMAX, QEPS)
+
+
+@triton.jit
+def swiglu(x_ptr, row, cols, inter):
+    """silu(gate) * up at columns cols of row of x = [gate | up], rounded as F.silu(gate) * up rounds."""
     mask = cols < inter
     gate = tl.load(x_ptr + row * 2 * inter + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0)
     g = gate.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # rounded, then multiplied: as F.silu(gate) * up
-    tl.store(out_ptr + row * inter + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # rounded, then multiplied
+    return (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, quant: tuple | None = None):
+    """silu(gate) * up; with quant, (that, q, scales): its rows quantized too."""
     inter = gate_up.shape[-1] // 2
     rows = gate_up.reshape(-1, 2 * inter)
     rows = rows if rows.is_contiguous() else rows.contiguous()
     out = torch.empty(rows.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
-    block = 1024
-    _silu_mul_kernel[(rows.shape[0], triton.cdiv(inter, block))](rows, out, inter, BLOCK=block, num_warps=4)
-    return out.reshape(*gate_up.shape[:-1], inter)
+    kind, group, q, scales = quant_buffers(rows.shape[0], inter, quant, gate_up.device)
+    block = max(1024, group)
+    grid = (rows.shape[0],) if kind == 2 else (rows.shape[0], triton.cdiv(inter, block))
+    _silu_mul_kernel[grid](rows, out, out if q is None else q, out if scales is None else scales, inter, BLOCK=block,
+                           QUANT=kind, GROUP=group, QMAX=FP8_MAX, QEPS=FP8_SCALE_EPS if kind == 1 else INT8_SCALE_EPS,
+                           num_warps=4)
+    made = out.reshape(*gate_up.shape[:-1], inter)
+    return (made, q, scales) if quant else made
 
 
 @triton.jit(do_not_specialize=["start"])

@@ -34,9 +34,13 @@ def int8_matmul_exact(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
 
 def int8_gemm_torch(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     """Reference and CPU path."""
-    xq, sx = per_token_quant_int8_torch(x)
+    return int8_gemm_quantized_torch(*per_token_quant_int8_torch(x), weight, weight_scale, x.dtype)
+
+
+def int8_gemm_quantized_torch(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                              out_dtype: torch.dtype) -> torch.Tensor:
     acc = int8_matmul_exact(xq, weight)
-    return (acc.float() * sx * weight_scale.float().view(1, -1)).to(x.dtype)
+    return (acc.float() * sx * weight_scale.float().view(1, -1)).to(out_dtype)
 
 
 def per_token_quant_int8(x: torch.Tensor):
@@ -54,3 +58,13 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor)
 
         return int8_triton.int8_gemm(x, weight, weight_scale)
     return int8_gemm_torch(x, weight, weight_scale)
+
+
+def int8_gemm_quantized(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        out_dtype: torch.dtype) -> torch.Tensor:
+    """int8_gemm on activations already quantized per token (by a kernel that made them)."""
+    if use_triton(xq):
+        from . import int8_triton
+
+        return int8_triton.int8_gemm_quantized(xq, sx, weight, weight_scale, out_dtype)
+    return int8_gemm_quantized_torch(xq, sx, weight, weight_scale, out_dtype)

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from . import tuning
 from .int8 import INT8_SCALE_EPS
-from .triton_common import gemm_out_buffers, gemm_tile, round_half_even, store_split
+from .triton_common import gemm_out_buffers, gemm_tile, int8_row_scale, store_split, to_int8
 
 
 @triton.jit
@@ -19,13 +19,11 @@ def _token_quant_int8_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, BLOCK: tl.const
     for k0 in range(0, K, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
         absmax = tl.maximum(absmax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
-    # div_rn: Triton's plain fp32 '/' is approximate; the torch path divides exactly.
-    scale = tl.maximum(tl.math.div_rn(tl.max(absmax, axis=0), 127.0), EPS)
+    scale = int8_row_scale(tl.max(absmax, axis=0), EPS)
     for k0 in range(0, K, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(x, scale)), -127.0), 127.0)
-        tl.store(xq_ptr + row * K + offs, q.to(tl.int8), mask=offs < K)
+        tl.store(xq_ptr + row * K + offs, to_int8(x, scale).to(tl.int8), mask=offs < K)
     tl.store(s_ptr + row, scale)
 
 

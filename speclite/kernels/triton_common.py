@@ -29,6 +29,31 @@ def round_to_e4m3(v):
     return round_half_even(v * inv_spacing) * spacing
 
 
+@triton.jit
+def fp8_group_scale(absmax, FP8_MAX: tl.constexpr, EPS: tl.constexpr):
+    """An fp8 activation group's scale from its absolute maximum, as fp8_block.per_token_group_quant_fp8_torch
+    (div_rn: Triton's plain fp32 '/' is approximate; the torch path divides exactly)."""
+    return tl.maximum(tl.math.div_rn(absmax, FP8_MAX), EPS)
+
+
+@triton.jit
+def to_e4m3(x, scale, FP8_MAX: tl.constexpr):
+    """x / scale, clamped and rounded to an e4m3 value (still fp32: the conversion after it is exact)."""
+    return round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX))
+
+
+@triton.jit
+def int8_row_scale(absmax, EPS: tl.constexpr):
+    """A token's int8 activation scale from its absolute maximum, as int8.per_token_quant_int8_torch."""
+    return tl.maximum(tl.math.div_rn(absmax, 127.0), EPS)
+
+
+@triton.jit
+def to_int8(x, scale):
+    """x / scale rounded half to even and clamped to [-127, 127] (still fp32)."""
+    return tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(x, scale)), -127.0), 127.0)
+
+
 _tile_counts: dict = {}  # device -> int32 zeros, one per output tile of a split kernel (left zero after each)
 
 

@@ -150,22 +150,25 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, quant: tuple | None = None) -> torch.Tensor:
+        """quant: the input format of the GEMM the norm feeds (input_format): on a GPU its kernel
+        quantizes its output in that format too."""
         # Normalise in float32 like the reference implementation, scale in the model dtype.
         if self.weight.dtype == x.dtype and cpu_layer_ops.takes(x) and not cpu_gemm.needs_grad(x, [self]):
             return cpu_layer_ops.rms_norm(x, self.weight, self.eps)
         if gpu_layer_ops.takes(x) and not cpu_gemm.needs_grad(x, [self]):
-            return gpu_layer_ops.rms_norm(x, self.weight, self.eps)
+            return gpu_layer_ops.rms_norm(x, self.weight, self.eps, quant)
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
-    def after_add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def after_add(self, x: torch.Tensor, delta: torch.Tensor,
+                  quant: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + delta, its norm): a residual add and the norm that follows it, one kernel on a GPU."""
         if (gpu_layer_ops.takes(x) and delta.dtype == x.dtype and delta.shape == x.shape and not hooked([self])
                 and not cpu_gemm.needs_grad(x, [self])):
-            return gpu_layer_ops.add_rms_norm(x, delta, self.weight, self.eps)
+            return gpu_layer_ops.add_rms_norm(x, delta, self.weight, self.eps, quant)
         x = x + delta
-        return x, self(x)
+        return x, self(x, quant)
 
 
 class Linear(nn.Linear):
@@ -239,6 +242,14 @@ def hooked(modules) -> bool:
     """Whether a module has forward hooks (calibration records each linear's input): such modules are
     called one by one, never fused away."""
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def input_format(*linears: nn.Module) -> tuple | None:
+    """The format the linears' GPU GEMMs quantize their input to (QuantLinear.gpu_input_format), where
+    they share one and no hook watches them: the kernel making that input (a norm, SiLU-and-multiply)
+    then quantizes it too, and the GEMMs skip their own activation quantizer."""
+    formats = {getattr(m, "gpu_input_format", lambda: None)() for m in linears}
+    return formats.pop() if len(formats) == 1 and not hooked(linears) else None
 
 
 def project(x: torch.Tensor, *linears: nn.Module) -> torch.Tensor:
@@ -372,6 +383,9 @@ class Attention(nn.Module):
         )
         return self.o_proj(out.squeeze(0).transpose(0, 1).reshape(t, -1))
 
+    def input_format(self) -> tuple | None:
+        return input_format(self.q_proj, self.k_proj, self.v_proj)
+
     def cpu_attention_applies(self, qkv: torch.Tensor, cache_k: torch.Tensor) -> bool:
         """The C attention takes qkv and the cache (one dtype), and the q/k norms if any (that dtype,
         no hook: a hook would never fire inside the call)."""
@@ -399,12 +413,15 @@ class MLP(nn.Module):
         self.up_proj = Linear(h, i, bias=b)
         self.down_proj = Linear(i, h, bias=b)
 
+    def input_format(self) -> tuple | None:
+        return input_format(self.gate_proj, self.up_proj)
+
     def forward(self, x):
         gate_up = project(x, self.gate_proj, self.up_proj)
         if cpu_layer_ops.takes(gate_up) and not cpu_gemm.needs_grad(gate_up):
             return self.down_proj(cpu_layer_ops.swiglu(gate_up))
         if gpu_layer_ops.takes(gate_up) and not cpu_gemm.needs_grad(gate_up):
-            return self.down_proj(gpu_layer_ops.silu_mul(gate_up))
+            return self.down_proj(gpu_layer_ops.silu_mul(gate_up, input_format(self.down_proj)))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -431,10 +448,11 @@ class Block(nn.Module):
             return cpu_layer_ops.decoder_layers(fused, x, cos, sin, [layer_cache],
                                                 *attended(start, x.shape[0], layer_cache[0], mask), mask)[0], None
         if pending is None:
-            h = self.input_layernorm(x)
+            h = self.input_layernorm(x, self.self_attn.input_format())
         else:
-            x, h = self.input_layernorm.after_add(x, pending)
-        x, h = self.post_attention_layernorm.after_add(x, self.self_attn(h, cos, sin, layer_cache, start, mask))
+            x, h = self.input_layernorm.after_add(x, pending, self.self_attn.input_format())
+        x, h = self.post_attention_layernorm.after_add(x, self.self_attn(h, cos, sin, layer_cache, start, mask),
+                                                       self.mlp.input_format())
         return x, self.mlp(h)
 
     def cpu_layer(self, x: torch.Tensor, layer_cache) -> cpu_layer_ops.Layers | None:

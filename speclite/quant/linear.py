@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from speclite import kernels
-from speclite.kernels import cpu_gemm
+from speclite.kernels import cpu_gemm, gpu_layer_ops
+from speclite.kernels.dispatch import fp8_dot_supported
 from speclite.quant.fp8 import dequantize_fp8_blocks
 from speclite.quant.int4 import Int4Weight, pack_nibbles
 
@@ -41,15 +42,22 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
+        made = gpu_layer_ops.quantized(x, self.gpu_input_format())  # read before the reshape makes a new tensor
         x = x.reshape(-1, shape[-1])
         mats = cpu_gemm.module_matrices(x, [self])  # the CPU kernels, bias included
         if mats is not None:
             y = cpu_gemm.matmul(x, mats)
         else:
-            y = self._matmul(x)
+            y = self._matmul(x) if made is None else self._matmul_quantized(*made, x.dtype)
             if self.bias is not None:
                 y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
+
+    def gpu_input_format(self) -> tuple | None:
+        """The activations' format this layer's GEMM quantizes them to, ("fp8", group) or ("int8", None),
+        where a producer kernel may hand them over quantized (gpu_layer_ops.quantized); None: it takes
+        them as they are."""
+        return None
 
     @staticmethod
     def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
@@ -84,6 +92,15 @@ class Fp8Linear(QuantLinear):
         if self.use_kernels:
             return kernels.fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block)
         return kernels.linear(x, self.weight)
+
+    def gpu_input_format(self) -> tuple | None:
+        # Producers quantize to e4m3 in Triton, which needs an fp8-capable GPU there (or runs interpreted).
+        if self.path == "fp8_block_gemm" and (not self.weight.is_cuda or fp8_dot_supported(self.weight)):
+            return ("fp8", self.block[1])
+        return None
+
+    def _matmul_quantized(self, q, scales, dtype):
+        return kernels.fp8_block_gemm_quantized(q, scales, self.weight, self.weight_scale_inv, self.block, dtype)
 
     @staticmethod
     def gpu_join_dims(linears) -> dict | None:
@@ -135,6 +152,12 @@ class Int8Linear(QuantLinear):
             return cpu_gemm.matmul(x, cpu_gemm.int8_matrices([self.weight], [self.weight_scale], self.in_features))
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.weight_scale)
         return y.to(x.dtype)
+
+    def gpu_input_format(self) -> tuple | None:
+        return ("int8", None) if self.path == "int8_gemm" else None
+
+    def _matmul_quantized(self, q, scales, dtype):
+        return kernels.int8_gemm_quantized(q, scales, self.weight, self.weight_scale, dtype)
 
     @staticmethod
     def gpu_join_dims(linears) -> dict | None:
