@@ -197,9 +197,11 @@ def bench_verify(reps):
 
 
 def bench_attention(shape, reps, bw_gbs):
-    """The decode / verification attention (1 and 9 rows, causal) at several cache lengths against torch's
-    SDPA as the decoder called it before: no mask for one row (its flash backend), a mask for more (its
-    math backend, which grouped KV heads take under a mask). GB/s: the keys and values read."""
+    """The decode / verification attention kernel (1 and 9 rows, causal; from q/k/v projections: RoPE and
+    the cache write included) at several cache lengths against torch's SDPA alone as the decoder called
+    it before (RoPE and the cache write a kernel of their own then): no mask for one row (its flash
+    backend), a mask for more (its math backend, which grouped KV heads take under a mask). GB/s: the
+    keys and values read."""
     import torch.nn.functional as F
 
     from speclite.kernels import gpu_layer_ops
@@ -209,20 +211,27 @@ def bench_attention(shape, reps, bw_gbs):
           f"{'x sdpa':>7} {'rel err':>8}")
     for keys in (512, 4096, 32768):
         cache_k, cache_v = torch.randn(2, kv, keys + 16, d, dtype=torch.bfloat16, device="cuda")
+        cos, sin = torch.rand(2, 9, 1, d, dtype=torch.bfloat16, device="cuda")
         for t in (1, 9):
             first = keys - t
-            q = torch.randn(t, heads, d, dtype=torch.bfloat16, device="cuda")
+            qkv = torch.randn(t, (heads + 2 * kv) * d, dtype=torch.bfloat16, device="cuda")
             mask = None if t == 1 else (torch.arange(keys, device="cuda")[None, :]
                                         <= torch.arange(first, keys, device="cuda")[:, None])
+
+            def ours():
+                return gpu_layer_ops.attention(qkv, cos[:t], sin[:t], cache_k, cache_v, first, None, heads)
+
+            q = torch.randn(t, heads, d, dtype=torch.bfloat16, device="cuda")
 
             def sdpa():
                 return F.scaled_dot_product_attention(q.transpose(0, 1)[None], cache_k[None, :, :keys],
                                                       cache_v[None, :, :keys], attn_mask=mask, enable_gqa=True)
 
             try:
-                out = gpu_layer_ops.attention(q, cache_k, cache_v, first, None)
+                out = ours()
+                q = gpu_layer_ops.rope_cache(qkv, cos[:t], sin[:t], cache_k, cache_v, first, heads, kv)  # the same q
                 err = rel_err(out, sdpa()[0].transpose(0, 1))
-                ms = median_ms(lambda: gpu_layer_ops.attention(q, cache_k, cache_v, first, None), reps)
+                ms = median_ms(ours, reps)
             except Exception as e:
                 print(f"attention  {shape:5} {keys:6d} {t:4d} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue

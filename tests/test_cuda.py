@@ -202,29 +202,36 @@ def test_gpu_layer_ops_equal_the_decoders_torch_code(qk_norm, static):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("first", [40, 700])  # one chunk of keys; three
-def test_attention_compiled_is_float64s_and_rows_stand_alone(dtype, first):
-    """The decode / verification attention compiled: float64's within rounding; each causal row its
-    one-row step's bits; a CUDA-graph step (slots, a span-wide mask) the dynamic step's bits."""
+def test_attention_compiled_is_the_decoders_and_rows_stand_alone(dtype, first):
+    """The decode / verification attention compiled, from q/k/v projections: the decoder's torch code
+    (RoPE, cache write) and float64 attention within rounding; each causal row its one-row step's bits,
+    the cache the same; a CUDA-graph step (slots, a span-wide mask) the dynamic step's bits."""
     from speclite.kernels import gpu_layer_ops
+    from speclite.model.decoder import rope_tables
 
     g = cuda_gen(first + (dtype == torch.float32))
     h, kv, d, t = 28, 4, 128, 9  # Qwen2.5-7B's heads
+    qkv = torch.randn(t, (h + 2 * kv) * d, generator=g, device="cuda").to(dtype)
+    inv_freq = 1.0 / 1e6 ** (torch.arange(0, d, 2, dtype=torch.float32, device="cuda") / d)
+    cos, sin = rope_tables(torch.arange(first, first + t, device="cuda"), inv_freq, 1.0, dtype)
     cache_k, cache_v = torch.randn(2, kv, 1024, d, generator=g, device="cuda").to(dtype)
-    q = torch.randn(t, h, d, generator=g, device="cuda").to(dtype)
-    out = gpu_layer_ops.attention(q, cache_k, cache_v, first, None)
+    ref_k, ref_v, step_k, step_v = cache_k.clone(), cache_v.clone(), cache_k.clone(), cache_v.clone()
+    out = gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, first, None, h)
+    q = decoders_rope_cache(qkv, cos, sin, ref_k, ref_v, first, h, kv, ())
+    assert torch.equal(cache_k, ref_k) and torch.equal(cache_v, ref_v)
     end = first + t
     seen = torch.arange(end, device="cuda")[None, :] <= torch.arange(first, end, device="cuda")[:, None]
-    scores = torch.einsum("thd,hnd->htn", q.double(), cache_k[:, :end].double().repeat_interleave(h // kv, 0))
+    scores = torch.einsum("thd,hnd->htn", q.double(), ref_k[:, :end].double().repeat_interleave(h // kv, 0))
     weights = (scores / d ** 0.5).masked_fill(~seen[None], float("-inf")).softmax(-1)
-    exact = torch.einsum("htn,hnd->thd", weights, cache_v[:, :end].double().repeat_interleave(h // kv, 0))
+    exact = torch.einsum("htn,hnd->thd", weights, ref_v[:, :end].double().repeat_interleave(h // kv, 0))
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4  # bf16 rounding; fp32 dots in ieee precision
     torch.testing.assert_close(out.double(), exact, rtol=tol, atol=tol)
-    alone = torch.cat([gpu_layer_ops.attention(q[i:i + 1].contiguous(), cache_k, cache_v, first + i, None)
-                       for i in range(t)])
-    assert torch.equal(alone, out)
+    alone = torch.cat([gpu_layer_ops.attention(qkv[i:i + 1], cos[i:i + 1], sin[i:i + 1], step_k, step_v, first + i,
+                                               None, h) for i in range(t)])
+    assert torch.equal(alone, out) and torch.equal(step_k, cache_k) and torch.equal(step_v, cache_v)
     wide = torch.cat([seen, torch.zeros(t, 1024 - end, dtype=torch.bool, device="cuda")], dim=1)
     slots = torch.arange(first, end, device="cuda")
-    assert torch.equal(gpu_layer_ops.attention(q, cache_k, cache_v, slots, wide), out)
+    assert torch.equal(gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, slots, wide, h), out)
 
 
 # Every method with the draft trained for it on the embedded pair (models.toml), so drafts are

@@ -1,4 +1,6 @@
-"""Attention of decode and verification rows over the KV cache in one Triton kernel.
+"""Attention of decode and verification rows in one Triton kernel: from the rows' q/k/v projections,
+their q/k norms (Qwen3) and RoPE, the new keys and values written to the cache, and the attention
+over the cache.
 
 torch's scaled_dot_product_attention takes its math backend wherever a mask meets grouped KV heads
 (every CUDA-graph step, every verification): a dozen kernels a layer, the scores of every key of
@@ -9,7 +11,9 @@ blocks at fixed slots: a row's numbers depend on its own query and the keys it s
 of keys it does not see adds exact zeros), whatever rows share the call or how far the cache runs.
 A row whose keys span several chunks is summed by the last of its chunks' programs to finish
 (triton_common.store_split's count), chunk by chunk in order, so chunks beyond those a row sees add
-exact zeros there too.
+exact zeros there too. The new rows' keys and values are read from qkv by every program that needs
+them (normed and turned in a tile at the same slots as from the cache, so the same bits), not from
+the cache, so no program waits for the one that writes them there.
 
 A row sees the keys before the first new slot, then the new ones its mask row allows, or causally
 (key slot <= its own slot) without a mask; no key at or past first + T is ever read, so a CUDA
@@ -22,19 +26,45 @@ import torch
 import triton
 import triton.language as tl
 
+from .gpu_layer_ops_triton import rope_heads
 from .triton_common import dot_precision, tile_counts
 
 CHUNK = 256  # keys a program takes: a fixed grid of the cache's slots, whatever the call
 BLOCK_N = 64
+# Eight warps: turning a block of new keys (four [BLOCK_N, D] fp32 tiles) spilled registers at four on
+# Hopper (tests/hopper_compile.py: 255 registers and a 136-536 byte stack; 180-193 and none at eight).
 LOG2E = 1.4426950408889634  # the kernel's exponentials are exp2: the scores come scaled by it
 
 
+@triton.jit
+def _seen(mask_ptr, row, mask_width, keys, exists, first, HAS_MASK: tl.constexpr):
+    """Which of a block's keys (slots; those that exist) the row sees: its mask row's, or causally."""
+    if HAS_MASK:
+        seen = exists & (tl.load(mask_ptr + row * mask_width + keys, mask=exists, other=0) != 0)
+    else:
+        seen = exists & (keys <= first + row)
+    return seen
+
+
+@triton.jit
+def _attend(q, k, v, seen, m_i, l_i, acc, scale, DOT_PRECISION: tl.constexpr):
+    """One block of keys into the running softmax (max m_i, sum l_i) and weighted sum acc of the queries."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+    s = tl.where(seen[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                                                                  input_precision=DOT_PRECISION)
+
+
 @triton.jit(do_not_specialize=["first"])
-def _attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slots_ptr, first, out_ptr, part_ptr, stat_ptr, count_ptr,
-                      T, max_len, mask_width, chunks_max, scale,
+def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, k_ptr, v_ptr, mask_ptr, slots_ptr, first,
+                      out_ptr, part_ptr, stat_ptr, count_ptr, T, qkv_stride, max_len, mask_width, chunks_max, scale,
                       H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-                      HAS_SLOTS: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, HAS_SLOTS: tl.constexpr,
+                      HAS_MASK: tl.constexpr, QK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     row = tl.program_id(0)
     kv = tl.program_id(1)
     chunk = tl.program_id(2)
@@ -47,10 +77,21 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slots_ptr, first, out_ptr, 
         g = tl.arange(0, BLOCK_G)
         heads = kv * group + g
         head_ok = g < group
-        offs_d = tl.arange(0, BLOCK_D)
+        offs_d = tl.arange(0, BLOCK_D)[None, :]
         d_ok = offs_d < D
-        rows = (row * H + heads).to(tl.int64)
-        q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=head_ok[:, None] & d_ok[None, :], other=0.0)
+        partner = tl.where(offs_d < D // 2, offs_d + D // 2, offs_d - D // 2)  # RoPE's: element i +- D/2
+        first_half = offs_d < D // 2
+        q_norm = tl.load(qn_ptr + offs_d, mask=d_ok & QK_NORM, other=0.0).to(tl.float32)
+        q_norm_p = tl.load(qn_ptr + partner, mask=d_ok & QK_NORM, other=0.0).to(tl.float32)
+        k_norm = tl.load(kn_ptr + offs_d, mask=d_ok & QK_NORM, other=0.0).to(tl.float32)
+        k_norm_p = tl.load(kn_ptr + partner, mask=d_ok & QK_NORM, other=0.0).to(tl.float32)
+        # This row's query heads of KV head kv, normed and turned as the cache's keys are.
+        q_at = qkv_ptr + row.to(tl.int64) * qkv_stride + heads[:, None] * D
+        q_ok = head_ok[:, None] & d_ok
+        q_cos = tl.load(cos_ptr + row * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        q_sin = tl.load(sin_ptr + row * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        q = rope_heads(tl.load(q_at + offs_d, mask=q_ok, other=0.0), tl.load(q_at + partner, mask=q_ok, other=0.0),
+                       q_cos, q_sin, q_norm, q_norm_p, eps, first_half, D, QK_NORM).to(qkv_ptr.dtype.element_ty)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -61,29 +102,34 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slots_ptr, first, out_ptr, 
         for n0 in range(lo, hi, BLOCK_N):
             keys = n0 + tl.arange(0, BLOCK_N)
             exists = keys < hi
-            if HAS_MASK:
-                seen = exists & (tl.load(mask_ptr + row * mask_width + keys, mask=exists, other=0) != 0)
-            else:
-                seen = exists & (keys <= first + row)
-            kv_ok = exists[:, None] & d_ok[None, :]
-            k = tl.load(k_base + keys[:, None] * D + offs_d[None, :], mask=kv_ok, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-            s = tl.where(seen[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_base + keys[:, None] * D + offs_d[None, :], mask=kv_ok, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
-        out_rows = out_ptr + rows[:, None] * D + offs_d[None, :]
-        out_ok = head_ok[:, None] & d_ok[None, :]
+            seen = _seen(mask_ptr, row, mask_width, keys, exists, first, HAS_MASK)
+            cached = (exists & (keys < first))[:, None] & d_ok
+            k = tl.load(k_base + keys[:, None] * D + offs_d, mask=cached, other=0.0)
+            v = tl.load(v_base + keys[:, None] * D + offs_d, mask=cached, other=0.0)
+            if n0 + BLOCK_N > first:  # new rows' keys and values, from qkv: no program waits for another's
+                fresh = (exists & (keys >= first))[:, None] & d_ok
+                j = (keys - first)[:, None]
+                src = qkv_ptr + j.to(tl.int64) * qkv_stride
+                k_at = src + (H + kv) * D
+                k_cos = tl.load(cos_ptr + j * D + offs_d, mask=fresh, other=0.0).to(tl.float32)
+                k_sin = tl.load(sin_ptr + j * D + offs_d, mask=fresh, other=0.0).to(tl.float32)
+                k_new = rope_heads(tl.load(k_at + offs_d, mask=fresh, other=0.0),
+                                   tl.load(k_at + partner, mask=fresh, other=0.0), k_cos, k_sin, k_norm, k_norm_p,
+                                   eps, first_half, D, QK_NORM).to(k_ptr.dtype.element_ty)
+                v_new = tl.load(src + (H + KV + kv) * D + offs_d, mask=fresh, other=0.0).to(v_ptr.dtype.element_ty)
+                if row == 0:  # into the cache, once
+                    tl.store(k_base + keys[:, None] * D + offs_d, k_new, mask=fresh)
+                    tl.store(v_base + keys[:, None] * D + offs_d, v_new, mask=fresh)
+                k = tl.where(fresh, k_new, k)
+                v = tl.where(fresh, v_new, v)
+            m_i, l_i, acc = _attend(q, k, v, seen, m_i, l_i, acc, scale, DOT_PRECISION)
+        rows = (row * H + heads).to(tl.int64)
+        out_rows = out_ptr + rows[:, None] * D + offs_d
         if chunks == 1:
-            tl.store(out_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_ok)
+            tl.store(out_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=q_ok)
         else:
             at = rows * chunks_max + chunk
-            tl.store(part_ptr + at[:, None] * D + offs_d[None, :], acc, mask=out_ok)
+            tl.store(part_ptr + at[:, None] * D + offs_d, acc, mask=q_ok)
             tl.store(stat_ptr + at * 2, m_i, mask=head_ok)
             tl.store(stat_ptr + at * 2 + 1, l_i, mask=head_ok)
             tl.debug_barrier()  # every thread's part stored before the count is raised
@@ -100,40 +146,44 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slots_ptr, first, out_ptr, 
                     at = rows * chunks_max + c
                     scale_c = tl.exp2(tl.load(stat_ptr + at * 2, mask=head_ok, other=0.0, cache_modifier=".cg") - top)
                     weight += scale_c * tl.load(stat_ptr + at * 2 + 1, mask=head_ok, other=0.0, cache_modifier=".cg")
-                    total += scale_c[:, None] * tl.load(part_ptr + at[:, None] * D + offs_d[None, :], mask=out_ok,
+                    total += scale_c[:, None] * tl.load(part_ptr + at[:, None] * D + offs_d, mask=q_ok,
                                                         other=0.0, cache_modifier=".cg")
-                tl.store(out_rows, (total / weight[:, None]).to(out_ptr.dtype.element_ty), mask=out_ok)
+                tl.store(out_rows, (total / weight[:, None]).to(out_ptr.dtype.element_ty), mask=q_ok)
                 tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
-def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int | torch.Tensor,
-              mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v for q [T, H, D] (the new rows, at cache slots start..start + T - 1, their
-    keys and values already in the caches [KV, max_len, D]) -> [T, H, D]. start: an int, or the slots
-    tensor of a CUDA-graph step (its first element read on the device). mask [T, >= start + T] bool:
-    which keys each row sees; None: causal."""
-    t, heads, d = q.shape
-    kv, max_len, _ = cache_k.shape
-    if not (q.is_contiguous() and cache_k.is_contiguous() and cache_v.is_contiguous()):
-        raise ValueError("attention: q and both caches must be contiguous")
+def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+              start: int | torch.Tensor, mask: torch.Tensor | None, heads: int, qk_norm: tuple = ()) -> torch.Tensor:
+    """The new rows' attention from their projections qkv [T, (heads + 2 KV) * D] -> [T, heads, D]: each
+    head's q and k RMS-normed where qk_norm = ((q_norm weight, k_norm weight), eps) is given (Qwen3),
+    RoPE applied with cos, sin [T, 1, D] (gpu_layer_ops.rope_cache's numbers), the new keys and values
+    written to the caches [KV, max_len, D] at slots start..start + T - 1 (start: an int, or a CUDA-graph
+    step's slots tensor, its first element read on the device), and softmax(q k^T / sqrt(D)) v over the
+    keys each row sees: mask [T, >= start + T] bool, or causal where None."""
+    t = qkv.shape[0]
+    kv, max_len, d = cache_k.shape
+    if qkv.stride(-1) != 1 or not (cache_k.is_contiguous() and cache_v.is_contiguous()):
+        raise ValueError("attention: qkv rows and both caches must be contiguous")
     has_slots = isinstance(start, torch.Tensor)
     if mask is not None and (mask.shape[0] != t or (not has_slots and mask.shape[-1] < start + t)):
         raise ValueError(f"attention: a mask of {t} rows over at least the {start} + {t} keys, got {list(mask.shape)}")
     # The most keys a row can see: the mask's width (a CUDA graph's span), else the cache so far.
     width = mask.shape[-1] if mask is not None else (max_len if has_slots else start + t)
     chunks_max = triton.cdiv(min(width, max_len), CHUNK)
-    out = torch.empty_like(q)
-    group = heads // kv
+    out = torch.empty(t, heads, d, dtype=qkv.dtype, device=qkv.device)
     if chunks_max > 1:
-        parts = torch.empty(t * heads * chunks_max * d, dtype=torch.float32, device=q.device)
-        stats = torch.empty(t * heads * chunks_max * 2, dtype=torch.float32, device=q.device)
+        parts = torch.empty(t * heads * chunks_max * d, dtype=torch.float32, device=qkv.device)
+        stats = torch.empty(t * heads * chunks_max * 2, dtype=torch.float32, device=qkv.device)
     else:
         parts = stats = out  # never touched: every row sees one chunk
     masks = None if mask is None else mask.contiguous().view(torch.int8)
+    cos, sin = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
+    (q_norm, k_norm), eps = qk_norm if qk_norm else ((qkv, qkv), 0.0)  # unread without QK_NORM
     _attention_kernel[(t, kv, chunks_max)](
-        q, cache_k, cache_v, q if masks is None else masks, start if has_slots else q, 0 if has_slots else start,
-        out, parts, stats, tile_counts(q.device, t * kv), t, max_len, 0 if mask is None else mask.shape[-1],
-        chunks_max, d ** -0.5 * LOG2E, H=heads, KV=kv, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        qkv, cos, sin, q_norm, k_norm, eps, cache_k, cache_v, qkv if masks is None else masks,
+        start if has_slots else qkv, 0 if has_slots else start, out, parts, stats, tile_counts(qkv.device, t * kv),
+        t, qkv.stride(0), max_len, 0 if mask is None else mask.shape[-1], chunks_max, d ** -0.5 * LOG2E,
+        H=heads, KV=kv, D=d, BLOCK_G=max(16, triton.next_power_of_2(heads // kv)),
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=BLOCK_N, CHUNK=CHUNK, HAS_SLOTS=has_slots,
-        HAS_MASK=mask is not None, DOT_PRECISION=dot_precision(q.dtype), num_warps=4)
+        HAS_MASK=mask is not None, QK_NORM=bool(qk_norm), DOT_PRECISION=dot_precision(qkv.dtype), num_warps=8)
     return out

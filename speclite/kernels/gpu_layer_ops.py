@@ -98,14 +98,15 @@ def attends(t: int) -> bool:
     return t <= GEMV_ROWS
 
 
-def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int | torch.Tensor,
-              mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v of the new rows q [T, H, D] (at cache slots start.., their keys and values
-    already in the caches [KV, max_len, D]) -> [T, H, D]; start an int or a CUDA-graph step's slots;
-    mask [T, >= start + T] bool (True: seen), None: causal. Each row's numbers are those it has alone."""
+def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+              start: int | torch.Tensor, mask: torch.Tensor | None, heads: int, qk_norm: tuple = ()) -> torch.Tensor:
+    """rope_cache and then softmax(q k^T / sqrt(D)) v of the new rows in one kernel: qkv [T, (heads + 2 KV) * D]
+    -> [T, heads, D], the new keys and values written to the caches [KV, max_len, D] at slots start..;
+    start an int or a CUDA-graph step's slots; mask [T, >= start + T] bool (True: seen), None: causal.
+    Each row's numbers are those it has alone."""
     from . import attention_triton
 
-    return attention_triton.attention(q, cache_k, cache_v, start, mask)
+    return attention_triton.attention(qkv, cos, sin, cache_k, cache_v, start, mask, heads, qk_norm)
 
 
 def static_mask(slots: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor, span: int,

@@ -140,6 +140,22 @@ def silu_mul(gate_up: torch.Tensor, quant: tuple | None = None):
     return (made, q, scales) if quant else made
 
 
+@triton.jit
+def rope_heads(x, xp, c, s, w, wp, eps, first_half, D: tl.constexpr, QK_NORM: tl.constexpr):
+    """Heads x [R, BLOCK_D] (xp: each element's RoPE partner, element i +- D/2) with RoPE applied: the sum
+    of x * cos and rotate(x) * sin with each product rounded to x's dtype, as the decoder's torch code
+    (fp32: the caller rounds the sum); each head RMS-normed by w (wp: its partners) first where QK_NORM,
+    rounded where the norm module rounds. c, s, w, wp in fp32."""
+    if QK_NORM:
+        xf = x.to(tl.float32)
+        r = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]
+        xp = (wp * (xp.to(tl.float32) * r).to(x.dtype).to(tl.float32)).to(x.dtype)
+        x = (w * (xf * r).to(x.dtype).to(tl.float32)).to(x.dtype)
+    xpf = xp.to(tl.float32)  # negated in float32 (exact): the interpreter keeps bf16 as raw integers
+    rot = tl.where(first_half, -xpf, xpf)
+    return (x.to(tl.float32) * c).to(x.dtype).to(tl.float32) + (rot * s).to(x.dtype).to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["start"])
 def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr, start, qn_ptr, kn_ptr, eps,
                        qkv_stride, max_len,
@@ -147,7 +163,7 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr
                        HAS_SLOTS: tl.constexpr, QK_NORM: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    offs = tl.arange(0, BLOCK)
+    offs = tl.arange(0, BLOCK)[None, :]  # one head as a [1, BLOCK] tile, as rope_heads takes heads
     mask = offs < D
     src = qkv_ptr + tok * qkv_stride + head * D
     if HAS_SLOTS:
@@ -162,23 +178,15 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr
         # RoPE pairs element i with i +- D/2: rotate(x) = [-x[D/2:], x[:D/2]]
         partner = tl.where(offs < D // 2, offs + D // 2, offs - D // 2)
         xp = tl.load(src + partner, mask=mask, other=0.0)
-        if QK_NORM:  # each head's RMSNorm first, rounded where the norm module rounds
-            if head < H:
-                w_row = qn_ptr
-            else:
-                w_row = kn_ptr
-            xf = x.to(tl.float32)
-            r = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
-            w = tl.load(w_row + offs, mask=mask, other=0.0).to(tl.float32)
-            wp = tl.load(w_row + partner, mask=mask, other=0.0).to(tl.float32)
-            xp = (wp * (xp.to(tl.float32) * r).to(x.dtype).to(tl.float32)).to(x.dtype)
-            x = (w * (xf * r).to(x.dtype).to(tl.float32)).to(x.dtype)
+        if head < H:
+            w_row = qn_ptr
+        else:
+            w_row = kn_ptr
+        w = tl.load(w_row + offs, mask=mask & QK_NORM, other=0.0).to(tl.float32)
+        wp = tl.load(w_row + partner, mask=mask & QK_NORM, other=0.0).to(tl.float32)
         c = tl.load(cos_ptr + tok * D + offs, mask=mask, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + tok * D + offs, mask=mask, other=0.0).to(tl.float32)
-        xpf = xp.to(tl.float32)  # negated in float32 (exact): the interpreter keeps bf16 as raw integers
-        rot = tl.where(offs < D // 2, -xpf, xpf)
-        # x * cos + rotate(x) * sin with each product rounded to the dtype, as the torch code's ops
-        y = ((x.to(tl.float32) * c).to(x.dtype).to(tl.float32) + (rot * s).to(x.dtype).to(tl.float32))
+        y = rope_heads(x, xp, c, s, w, wp, eps, offs < D // 2, D, QK_NORM)
         if head < H:
             tl.store(q_ptr + (tok * H + head) * D + offs, y.to(q_ptr.dtype.element_ty), mask=mask)
         else:

@@ -343,12 +343,13 @@ class Attention(nn.Module):
             out = cpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, h, kv, *attended(start, t, cache_k, mask),
                                           mask, *self.qk_norm_weights())
             return self.o_proj(out)
+        if self.gpu_rope_applies(qkv, cache_k) and gpu_layer_ops.attends(t):
+            # Decode and verification rows: the q/k norms, RoPE, the cache write and attention in one kernel.
+            out = gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, start, mask, h, self.qk_norm_weights())
+            return self.o_proj(out.reshape(t, h * d))
         if self.gpu_rope_applies(qkv, cache_k):
-            # The q/k norms, RoPE and the cache write in one kernel; decode and verification rows'
-            # attention in one more.
+            # A prefill's rows: the q/k norms, RoPE and the cache write in one kernel, then torch's SDPA.
             q = gpu_layer_ops.rope_cache(qkv, cos, sin, cache_k, cache_v, start, h, kv, self.qk_norm_weights())
-            if gpu_layer_ops.attends(t):
-                return self.o_proj(gpu_layer_ops.attention(q, cache_k, cache_v, start, mask).reshape(t, h * d))
         else:
             q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
             q, k, v = q.reshape(t, h, d), k.reshape(t, kv, d), v.reshape(t, kv, d)
