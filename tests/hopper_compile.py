@@ -144,16 +144,16 @@ def launches(quick: bool) -> None:
     k, n, group = 512, 256, 128
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for m in (1, 128):
-            x = torch.randn(m, k).to(dtype)
+            x, bias = torch.randn(m, k).to(dtype), torch.randn(n).to(dtype)
             qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int64).to(torch.int32)
             qzeros = torch.randint(-2**31, 2**31 - 1, (k // group, n // 8), dtype=torch.int64).to(torch.int32)
             scales = torch.rand(k // group, n).half()
             act_order = (torch.randperm(k) // group).int()
             for cfg in configs(m) if dtype in dtypes else configs(m)[:1]:
                 for g_idx in (None, act_order):
-                    w4a16_triton.w4a16_gemm(x, qweight, qzeros, scales, g_idx, group, config=cfg)
+                    w4a16_triton.w4a16_gemm(x, qweight, qzeros, scales, g_idx, group, bias, config=cfg)
             if m <= tuning.GEMV_ROWS:
-                dense_weight, bias = torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
+                dense_weight = torch.randn(n, k).to(dtype)
                 for cfg in configs(m) if dtype in dtypes else configs(m)[:1]:
                     dense_triton.dense_gemm(x, dense_weight, bias, cfg)
                 dense_triton.dense_gemm(x, dense_weight, None, configs(m)[0])
@@ -163,11 +163,11 @@ def launches(quick: bool) -> None:
                 xq, xs = fp8_block_triton.per_token_group_quant_fp8(x, 128)
                 for cfg in configs(m) if dtype in dtypes else configs(m)[:1]:
                     if 128 % cfg.block_k == 0:
-                        fp8_block_triton.fp8_block_gemm_quantized(xq, xs, weight, scale_inv, (128, 128), dtype, cfg)
+                        fp8_block_triton.fp8_block_gemm_quantized(xq, xs, weight, scale_inv, (128, 128), dtype, bias, cfg)
                 w8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
                 xq8, xs8 = int8_triton.per_token_quant_int8(x)
                 for cfg in configs(m) if dtype in dtypes else configs(m)[:1]:
-                    int8_triton.int8_gemm_quantized(xq8, xs8, w8, torch.rand(n, 1), dtype, cfg)
+                    int8_triton.int8_gemm_quantized(xq8, xs8, w8, torch.rand(n, 1), dtype, bias, cfg)
         d, heads, kv = 128, 4, 2
         rows = torch.randn(3, 896).to(dtype)
         for quant in (None, ("fp8", 128), ("int8", None)) if dtype != torch.float32 else (None,):

@@ -109,11 +109,16 @@ def test_triton_gemm_matches_reference(m, n, k, block, cfg):
     config = GemmConfig(block_m=cfg[0], block_n=cfg[1], block_k=cfg[2], split_k=cfg[3])
     # GEMM on the reference's quantized activations: isolates the GEMM from the quantizer's cast.
     xq, xs = per_token_group_quant_fp8_torch(x, block[1])
-    y = triton_mod.fp8_block_gemm_quantized(xq, xs, w, ws, block, torch.float32, config)
+    y = triton_mod.fp8_block_gemm_quantized(xq, xs, w, ws, block, torch.float32, config=config)
     ref = fp8_block_gemm_torch(x, w, ws, block)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    # A bias joins the sum once, whatever the split.
+    bias = torch.randn(n, generator=gen)
+    yb = triton_mod.fp8_block_gemm_quantized(xq, xs, w, ws, block, torch.float32, bias, config=config)
+    torch.testing.assert_close(yb, fp8_block_gemm_torch(x, w, ws, block, bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(yb, ref + bias, rtol=1e-5, atol=1e-5)
     # whole public Triton path (quantizer + GEMM), fp16 in and out
-    y16 = triton_mod.fp8_block_gemm(x.half(), w, ws, block, config)
+    y16 = triton_mod.fp8_block_gemm(x.half(), w, ws, block, config=config)
     assert y16.dtype == torch.float16
     torch.testing.assert_close(y16.float(), ref, rtol=0.05, atol=0.05 * ref.abs().max().item())
 

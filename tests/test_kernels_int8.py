@@ -67,7 +67,10 @@ def test_triton_gemm_matches_reference(m, n, k, cfg):
     x, w, ws = make_case(m, n, k, seed=m * k + n)
     config = GemmConfig(block_m=cfg[0], block_n=cfg[1], block_k=cfg[2], split_k=cfg[3])
     ref = int8_gemm_torch(x, w, ws)
-    torch.testing.assert_close(triton_mod.int8_gemm(x, w, ws, config), ref, rtol=1e-5, atol=1e-5)
-    y16 = triton_mod.int8_gemm(x.half(), w, ws, config)
+    torch.testing.assert_close(triton_mod.int8_gemm(x, w, ws, config=config), ref, rtol=1e-5, atol=1e-5)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n))  # joins the sum once, whatever the split
+    torch.testing.assert_close(triton_mod.int8_gemm(x, w, ws, bias, config=config), ref + bias, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(int8_gemm_torch(x, w, ws, bias), ref + bias, rtol=1e-5, atol=1e-5)
+    y16 = triton_mod.int8_gemm(x.half(), w, ws, config=config)
     assert y16.dtype == torch.float16
     torch.testing.assert_close(y16, int8_gemm_torch(x.half(), w, ws), rtol=2e-3, atol=2e-3)

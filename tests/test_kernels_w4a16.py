@@ -91,6 +91,10 @@ def test_triton_matches_reference(m, k, n, group_size, act_order, dtype, cfg):
     assert y.dtype == dtype and y.shape == (m, n)
     tol = 2e-3 if dtype == torch.float16 else 1e-5
     torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)  # joins the sum once, whatever the split
+    yb = triton_mod.w4a16_gemm(*args, bias, config=config)
+    torch.testing.assert_close(yb, w4a16_gemm_torch(*args, bias), rtol=tol, atol=tol)
+    torch.testing.assert_close(yb.float(), ref.float() + bias.float(), rtol=2 * tol, atol=2 * tol)
 
 
 @pytest.mark.parametrize("m,k,n,dtype,split", [

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .triton_common import dot_precision, gemm_out_buffers, gemm_tile, store_split
+from .triton_common import dot_precision, gemm_out_buffers, gemm_tile, store_split, with_bias
 
 
 @triton.jit
@@ -36,10 +36,7 @@ def _dense_kernel(
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                     other=0.0)
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        if tl.program_id(2) == 0:  # the bias once, with the first split
-            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-
+    acc = with_bias(acc, b_ptr, offs_n, mask_n, HAS_BIAS)
     store_split(out_ptr, part_ptr, count_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 

@@ -33,17 +33,19 @@ def dequantize_fp8_block(weight: torch.Tensor, weight_scale_inv: torch.Tensor, b
 
 
 def fp8_block_gemm_torch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                         block_size=(128, 128)) -> torch.Tensor:
-    """Reference and CPU path: quantize x like the kernel does, dequantize both sides, fp32 matmul."""
+                         block_size=(128, 128), bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference and CPU path: quantize x like the kernel does, dequantize both sides, fp32 matmul (+ bias)."""
     xq, xs = per_token_group_quant_fp8_torch(x, block_size[1])
-    return fp8_block_gemm_quantized_torch(xq, xs, weight, weight_scale_inv, block_size, x.dtype)
+    return fp8_block_gemm_quantized_torch(xq, xs, weight, weight_scale_inv, block_size, x.dtype, bias)
 
 
 def fp8_block_gemm_quantized_torch(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor,
-                                   weight_scale_inv: torch.Tensor, block_size, out_dtype) -> torch.Tensor:
+                                   weight_scale_inv: torch.Tensor, block_size, out_dtype,
+                                   bias: torch.Tensor | None = None) -> torch.Tensor:
     k = xq.shape[1]
     x_deq = xq.float() * xs.repeat_interleave(block_size[1], dim=1)[:, :k]
-    return (x_deq @ dequantize_fp8_block(weight, weight_scale_inv, block_size).T).to(out_dtype)
+    y = x_deq @ dequantize_fp8_block(weight, weight_scale_inv, block_size).T
+    return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 def _triton_ok(x: torch.Tensor) -> bool:
@@ -59,20 +61,22 @@ def per_token_group_quant_fp8(x: torch.Tensor, group_size: int = 128):
 
 
 def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                   block_size=(128, 128)) -> torch.Tensor:
-    """y = x @ W^T in x's dtype; x is quantized per token per block_size[1] channels inside."""
+                   block_size=(128, 128), bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias, added in fp32 before the rounding) in x's dtype; x is quantized per token per
+    block_size[1] channels inside."""
     if _triton_ok(x):
         from . import fp8_block_triton
 
-        return fp8_block_triton.fp8_block_gemm(x, weight, weight_scale_inv, tuple(block_size))
-    return fp8_block_gemm_torch(x, weight, weight_scale_inv, tuple(block_size))
+        return fp8_block_triton.fp8_block_gemm(x, weight, weight_scale_inv, tuple(block_size), bias)
+    return fp8_block_gemm_torch(x, weight, weight_scale_inv, tuple(block_size), bias)
 
 
 def fp8_block_gemm_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                             block_size, out_dtype: torch.dtype) -> torch.Tensor:
+                             block_size, out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
     """fp8_block_gemm on activations already quantized per token group (by a kernel that made them)."""
     if _triton_ok(xq):
         from . import fp8_block_triton
 
-        return fp8_block_triton.fp8_block_gemm_quantized(xq, xs, weight, weight_scale_inv, tuple(block_size), out_dtype)
-    return fp8_block_gemm_quantized_torch(xq, xs, weight, weight_scale_inv, tuple(block_size), out_dtype)
+        return fp8_block_triton.fp8_block_gemm_quantized(xq, xs, weight, weight_scale_inv, tuple(block_size),
+                                                         out_dtype, bias)
+    return fp8_block_gemm_quantized_torch(xq, xs, weight, weight_scale_inv, tuple(block_size), out_dtype, bias)

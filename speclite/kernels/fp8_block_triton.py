@@ -14,7 +14,7 @@ import triton.language as tl
 
 from . import tuning
 from .fp8_block import FP8_MAX, FP8_SCALE_EPS
-from .triton_common import fp8_group_scale, gemm_out_buffers, gemm_tile, store_split, to_e4m3
+from .triton_common import fp8_group_scale, gemm_out_buffers, gemm_tile, store_split, to_e4m3, with_bias
 
 
 @triton.jit
@@ -43,9 +43,9 @@ def per_token_group_quant_fp8(x: torch.Tensor, group_size: int = 128):
 
 @triton.jit
 def _fp8_block_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr,
+    a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, a_groups, w_kblocks,
-    GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
+    GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     offs_m, offs_n, mask_m, mask_n, first, last = gemm_tile(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -63,13 +63,15 @@ def _fp8_block_gemm_kernel(
         w_scale = tl.load(w_scale_rows + kg, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * a_scale[:, None] * w_scale[None, :]
 
+    acc = with_bias(acc, b_ptr, offs_n, mask_n, HAS_BIAS)
     store_split(out_ptr, part_ptr, count_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 def fp8_block_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
                              weight_scale_inv: torch.Tensor, block_size, out_dtype: torch.dtype,
+                             bias: Optional[torch.Tensor] = None,
                              config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
-    """The GEMM alone, on activations already quantized per token group (block_size[1] wide)."""
+    """The GEMM alone (+ bias), on activations already quantized per token group (block_size[1] wide)."""
     m, k = xq.shape
     n = weight.shape[0]
     group_n, group_k = block_size
@@ -78,15 +80,15 @@ def fp8_block_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: t
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
         out, parts, counts = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device, grid[0] * grid[1])
         _fp8_block_gemm_kernel[grid](
-            xq, x_scales, weight, weight_scale_inv, out, parts, counts, m, n, k, x_scales.shape[1],
-            weight_scale_inv.shape[1],
-            GROUP_N=group_n, GROUP_K=group_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            xq, x_scales, weight, weight_scale_inv, weight_scale_inv if bias is None else bias, out, parts, counts,
+            m, n, k, x_scales.shape[1], weight_scale_inv.shape[1],
+            GROUP_N=group_n, GROUP_K=group_k, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
 
     if config is None:
-        key = ("fp8_block", tuning.m_bucket(m), n, k, out_dtype, tuple(block_size))
+        key = ("fp8_block", tuning.m_bucket(m), n, k, out_dtype, tuple(block_size), bias is not None)
         candidates = [c for c in tuning.gemm_candidates(m, lambda bk: triton.cdiv(k, bk)) if group_k % c.block_k == 0]
         config = tuning.pick(key, candidates, run, xq.device)
     if group_k % config.block_k:
@@ -95,6 +97,6 @@ def fp8_block_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: t
 
 
 def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, block_size=(128, 128),
-                   config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
+                   bias: Optional[torch.Tensor] = None, config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
     xq, xs = per_token_group_quant_fp8(x, block_size[1])
-    return fp8_block_gemm_quantized(xq, xs, weight, weight_scale_inv, block_size, x.dtype, config)
+    return fp8_block_gemm_quantized(xq, xs, weight, weight_scale_inv, block_size, x.dtype, bias, config)

@@ -32,15 +32,16 @@ def int8_matmul_exact(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(a, b_t.t())[:m, :n]
 
 
-def int8_gemm_torch(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+def int8_gemm_torch(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
     """Reference and CPU path."""
-    return int8_gemm_quantized_torch(*per_token_quant_int8_torch(x), weight, weight_scale, x.dtype)
+    return int8_gemm_quantized_torch(*per_token_quant_int8_torch(x), weight, weight_scale, x.dtype, bias)
 
 
 def int8_gemm_quantized_torch(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                              out_dtype: torch.dtype) -> torch.Tensor:
-    acc = int8_matmul_exact(xq, weight)
-    return (acc.float() * sx * weight_scale.float().view(1, -1)).to(out_dtype)
+                              out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = int8_matmul_exact(xq, weight).float() * sx * weight_scale.float().view(1, -1)
+    return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 def per_token_quant_int8(x: torch.Tensor):
@@ -51,20 +52,22 @@ def per_token_quant_int8(x: torch.Tensor):
     return per_token_quant_int8_torch(x)
 
 
-def int8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float, weight int8 [N, K], weight_scale fp32 [N, 1] -> y [M, N] in x's dtype."""
+def int8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float, weight int8 [N, K], weight_scale fp32 [N, 1] -> y [M, N] (+ bias, added in fp32 before
+    the rounding) in x's dtype."""
     if use_triton(x):
         from . import int8_triton
 
-        return int8_triton.int8_gemm(x, weight, weight_scale)
-    return int8_gemm_torch(x, weight, weight_scale)
+        return int8_triton.int8_gemm(x, weight, weight_scale, bias)
+    return int8_gemm_torch(x, weight, weight_scale, bias)
 
 
 def int8_gemm_quantized(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                        out_dtype: torch.dtype) -> torch.Tensor:
+                        out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
     """int8_gemm on activations already quantized per token (by a kernel that made them)."""
     if use_triton(xq):
         from . import int8_triton
 
-        return int8_triton.int8_gemm_quantized(xq, sx, weight, weight_scale, out_dtype)
-    return int8_gemm_quantized_torch(xq, sx, weight, weight_scale, out_dtype)
+        return int8_triton.int8_gemm_quantized(xq, sx, weight, weight_scale, out_dtype, bias)
+    return int8_gemm_quantized_torch(xq, sx, weight, weight_scale, out_dtype, bias)

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from . import tuning
 from .int8 import INT8_SCALE_EPS
-from .triton_common import gemm_out_buffers, gemm_tile, int8_row_scale, store_split, to_int8
+from .triton_common import gemm_out_buffers, gemm_tile, int8_row_scale, store_split, to_int8, with_bias
 
 
 @triton.jit
@@ -39,8 +39,8 @@ def per_token_quant_int8(x: torch.Tensor):
 
 @triton.jit
 def _int8_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     offs_m, offs_n, mask_m, mask_n, first, last = gemm_tile(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
@@ -54,13 +54,14 @@ def _int8_gemm_kernel(
 
     a_scale = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     w_scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
-    y = acc.to(tl.float32) * a_scale[:, None] * w_scale[None, :]
+    y = with_bias(acc.to(tl.float32) * a_scale[:, None] * w_scale[None, :], b_ptr, offs_n, mask_n, HAS_BIAS)
     store_split(out_ptr, part_ptr, count_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
 def int8_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                        out_dtype: torch.dtype, config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
-    """The GEMM alone, on activations already quantized per token."""
+                        out_dtype: torch.dtype, bias: Optional[torch.Tensor] = None,
+                        config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
+    """The GEMM alone (+ bias), on activations already quantized per token."""
     m, k = xq.shape
     n = weight.shape[0]
     w_scale = weight_scale.float().reshape(-1).contiguous()
@@ -68,18 +69,19 @@ def int8_gemm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.
     def run(cfg: tuning.GemmConfig) -> torch.Tensor:
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
         out, parts, counts = gemm_out_buffers(m, n, cfg.split_k, out_dtype, xq.device, grid[0] * grid[1])
-        _int8_gemm_kernel[grid](xq, x_scales, weight, w_scale, out, parts, counts, m, n, k, BLOCK_M=cfg.block_m,
+        _int8_gemm_kernel[grid](xq, x_scales, weight, w_scale, w_scale if bias is None else bias, out, parts, counts,
+                                m, n, k, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
                                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
 
     if config is None:
-        key = ("int8", tuning.m_bucket(m), n, k, out_dtype)
+        key = ("int8", tuning.m_bucket(m), n, k, out_dtype, bias is not None)
         config = tuning.pick(key, tuning.gemm_candidates(m, lambda bk: triton.cdiv(k, bk)), run, xq.device)
     return run(config)
 
 
-def int8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+def int8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
               config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
     xq, xs = per_token_quant_int8(x)
-    return int8_gemm_quantized(xq, xs, weight, weight_scale, x.dtype, config)
+    return int8_gemm_quantized(xq, xs, weight, weight_scale, x.dtype, bias, config)

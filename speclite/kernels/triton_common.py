@@ -89,6 +89,16 @@ def gemm_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl
 
 
 @triton.jit
+def with_bias(acc, b_ptr, offs_n, mask_n, HAS_BIAS: tl.constexpr):
+    """A GEMM program's fp32 result plus the bias, added by the first split alone: once, and in the same
+    place at every row count."""
+    if HAS_BIAS:
+        if tl.program_id(2) == 0:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
 def store_split(out_ptr, part_ptr, count_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n):
     """A program's fp32 result y into out. Split-K: each split stores its partial in slice k of the
     partials, and the tile's last split to arrive (a count per tile) sums the slices in split order,

@@ -40,16 +40,17 @@ def dequantize_gptq_int4(qweight, qzeros, scales, g_idx, group_size) -> torch.Te
     return (q - zeros).float() * scales.float()[g]
 
 
-def w4a16_gemm_torch(x, qweight, qzeros, scales, g_idx, group_size) -> torch.Tensor:
-    """Reference and CPU path: dequantize to fp32, one fp32 matmul, cast to x's dtype."""
+def w4a16_gemm_torch(x, qweight, qzeros, scales, g_idx, group_size, bias=None) -> torch.Tensor:
+    """Reference and CPU path: dequantize to fp32, one fp32 matmul (+ bias), cast to x's dtype."""
     w = dequantize_gptq_int4(qweight, qzeros, scales, g_idx, group_size)
-    return (x.float() @ w).to(x.dtype)
+    y = x.float() @ w
+    return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
-def w4a16_gemm(x, qweight, qzeros, scales, g_idx, group_size) -> torch.Tensor:
-    """y = x @ dequant(W), x [M, K] -> y [M, N] in x's dtype."""
+def w4a16_gemm(x, qweight, qzeros, scales, g_idx, group_size, bias=None) -> torch.Tensor:
+    """y = x @ dequant(W) (+ bias, added in fp32 before the rounding), x [M, K] -> y [M, N] in x's dtype."""
     if use_triton(x):
         from . import w4a16_triton
 
-        return w4a16_triton.w4a16_gemm(x, qweight, qzeros, scales, g_idx, group_size)
-    return w4a16_gemm_torch(x, qweight, qzeros, scales, g_idx, group_size)
+        return w4a16_triton.w4a16_gemm(x, qweight, qzeros, scales, g_idx, group_size, bias)
+    return w4a16_gemm_torch(x, qweight, qzeros, scales, g_idx, group_size, bias)

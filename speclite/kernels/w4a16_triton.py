@@ -24,14 +24,14 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .triton_common import dot_precision, gemm_out_buffers, gemm_tile, store_split
+from .triton_common import dot_precision, gemm_out_buffers, gemm_tile, store_split, with_bias
 
 
 @triton.jit
 def _w4a16_kernel(
-    x_ptr, qw_ptr, qz_ptr, s_ptr, gidx_ptr, out_ptr, part_ptr, count_ptr,
+    x_ptr, qw_ptr, qz_ptr, s_ptr, gidx_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, stride_xm, stride_qw, stride_qz, stride_s,
-    GROUP_SIZE: tl.constexpr, HAS_GIDX: tl.constexpr, TILE_IN_ONE_GROUP: tl.constexpr,
+    GROUP_SIZE: tl.constexpr, HAS_GIDX: tl.constexpr, TILE_IN_ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NIBBLE_BITS: tl.constexpr, NIBBLE_BIAS: tl.constexpr,
 ):
@@ -100,6 +100,7 @@ def _w4a16_kernel(
             w = ((q - zero).to(tl.float32) * scale).to(a.dtype)
             acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
 
+    acc = with_bias(acc, b_ptr, offs_n, mask_n, HAS_BIAS)
     store_split(out_ptr, part_ptr, count_ptr, acc, M, N, offs_m, offs_n, mask_m, mask_n)
 
 
@@ -127,7 +128,7 @@ def _drop_trivial_gidx(g_idx: Optional[torch.Tensor], group_size: int) -> Option
 
 
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-               g_idx: Optional[torch.Tensor], group_size: int,
+               g_idx: Optional[torch.Tensor], group_size: int, bias: Optional[torch.Tensor] = None,
                config: Optional[tuning.GemmConfig] = None) -> torch.Tensor:
     """Same contract as speclite.kernels.w4a16_gemm; config pins the launch (tests), else tuned."""
     # The packed tensors may be column ranges of wider ones (decoder.join_projections): rows strided.
@@ -137,24 +138,24 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
     g_idx = _drop_trivial_gidx(g_idx, group_size)
     gidx = g_idx.to(torch.int32).contiguous() if g_idx is not None else None
 
-    bits, bias = NIBBLE_FLOATS.get(x.dtype, (0, 0))
+    nibble_bits, nibble_bias = NIBBLE_FLOATS.get(x.dtype, (0, 0))
 
     def run(cfg: tuning.GemmConfig) -> torch.Tensor:
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
         out, parts, counts = gemm_out_buffers(m, n, cfg.split_k, x.dtype, x.device, grid[0] * grid[1])
         _w4a16_kernel[grid](
-            x, qweight, qzeros, scales, gidx if gidx is not None else qweight, out, parts, counts,
-            m, n, k, x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
-            GROUP_SIZE=group_size, HAS_GIDX=gidx is not None,
+            x, qweight, qzeros, scales, gidx if gidx is not None else qweight, qweight if bias is None else bias,
+            out, parts, counts, m, n, k, x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
+            GROUP_SIZE=group_size, HAS_GIDX=gidx is not None, HAS_BIAS=bias is not None,
             TILE_IN_ONE_GROUP=gidx is None and group_size % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            DOT_PRECISION=dot_precision(x.dtype), NIBBLE_BITS=bits, NIBBLE_BIAS=bias,
+            DOT_PRECISION=dot_precision(x.dtype), NIBBLE_BITS=nibble_bits, NIBBLE_BIAS=nibble_bias,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
 
     if config is None:
-        key = ("w4a16", tuning.m_bucket(m), n, k, x.dtype, group_size, gidx is not None)
+        key = ("w4a16", tuning.m_bucket(m), n, k, x.dtype, group_size, gidx is not None, bias is not None)
         candidates = tuning.gemm_candidates(m, lambda bk: triton.cdiv(k, bk))
         # Where tiles of whole packed words inside one group exist, only they: compiled for sm_90a their
         # K loop issues 0.14-0.26 warp instructions a weight against 0.30-0.50 for BLOCK_K 64, and BLOCK_K 256

@@ -19,7 +19,7 @@ import torch
 
 from speclite import kernels
 from speclite.errors import SpecliteError
-from speclite.quant.linear import Int8Linear, QuantLinear, use_kernels
+from speclite.quant.linear import Int8Linear, QuantLinear, plus, use_kernels
 
 # transformers' and bitsandbytes' default; compress_statistics (double quant) as QLoRA does it.
 NF4_BLOCKSIZE = 64
@@ -95,12 +95,13 @@ class Bnb4bitLinear(QuantLinear):
             weight = bitsandbytes.functional.dequantize_4bit(packed, state)
             self.register_buffer("weight", weight.to(device=device, dtype=dtype))
 
-    def _matmul(self, x):
+    def _matmul(self, x, bias):
         if self.path == "dequantized":
-            return kernels.linear(x, self.weight)
+            return plus(kernels.linear(x, self.weight), bias)
         import bitsandbytes
 
-        return rows_alone(lambda rows: bitsandbytes.matmul_4bit(rows, self.weight.t(), quant_state=self.quant_state), x)
+        return plus(rows_alone(lambda rows: bitsandbytes.matmul_4bit(rows, self.weight.t(), quant_state=self.quant_state),
+                               x), bias)
 
 
 class Bnb8bitLinear(QuantLinear):
@@ -120,12 +121,12 @@ class Bnb8bitLinear(QuantLinear):
         # A training state sends CPU inputs to a dequantize-and-matmul route without the outlier split.
         self.state.is_training = False
 
-    def _matmul(self, x):
+    def _matmul(self, x, bias):
         import bitsandbytes
 
         # bitsandbytes quantizes fp16 activations: it would cast (and log a warning) on every call.
-        return rows_alone(lambda rows: bitsandbytes.matmul(rows, self.weight, state=self.state),
-                          x.to(torch.float16)).to(x.dtype)
+        return plus(rows_alone(lambda rows: bitsandbytes.matmul(rows, self.weight, state=self.state),
+                               x.to(torch.float16)).to(x.dtype), bias)
 
 
 def int8_linear(weight, scb, threshold, bias, dtype, device, kernels=None) -> QuantLinear:

@@ -32,7 +32,7 @@ def use_kernels(device, kernels=None) -> bool:
 
 
 class QuantLinear(nn.Module):
-    """Shared shape handling and bias; subclasses implement _matmul on a 2-D input."""
+    """Shared shape handling; subclasses implement _matmul(x, bias) on a 2-D input: x @ W^T + bias."""
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, dtype, device, kernels=None):
         super().__init__()
@@ -47,10 +47,8 @@ class QuantLinear(nn.Module):
         mats = cpu_gemm.module_matrices(x, [self])  # the CPU kernels, bias included
         if mats is not None:
             y = cpu_gemm.matmul(x, mats)
-        else:
-            y = self._matmul(x) if made is None else self._matmul_quantized(*made, x.dtype)
-            if self.bias is not None:
-                y = y + self.bias
+        else:  # the bias in the GPU kernels' GEMMs (one launch fewer), added after elsewhere
+            y = self._matmul(x, self.bias) if made is None else self._matmul_quantized(*made, x.dtype, self.bias)
         return y.reshape(*shape[:-1], self.out_features)
 
     def gpu_input_format(self) -> tuple | None:
@@ -88,10 +86,10 @@ class Fp8Linear(QuantLinear):
             self.path = "dequantized"
             self.register_buffer("weight", dequantize_fp8_blocks(weight, scale_inv, block, dtype).to(device))
 
-    def _matmul(self, x):
+    def _matmul(self, x, bias):
         if self.use_kernels:
-            return kernels.fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block)
-        return kernels.linear(x, self.weight)
+            return kernels.fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block, bias)
+        return plus(kernels.linear(x, self.weight), bias)
 
     def gpu_input_format(self) -> tuple | None:
         # Producers quantize to e4m3 in Triton, which needs an fp8-capable GPU there (or runs interpreted).
@@ -99,8 +97,8 @@ class Fp8Linear(QuantLinear):
             return ("fp8", self.block[1])
         return None
 
-    def _matmul_quantized(self, q, scales, dtype):
-        return kernels.fp8_block_gemm_quantized(q, scales, self.weight, self.weight_scale_inv, self.block, dtype)
+    def _matmul_quantized(self, q, scales, dtype, bias):
+        return kernels.fp8_block_gemm_quantized(q, scales, self.weight, self.weight_scale_inv, self.block, dtype, bias)
 
     @staticmethod
     def gpu_join_dims(linears) -> dict | None:
@@ -143,21 +141,22 @@ class Int8Linear(QuantLinear):
             self.path = "dequantized"
             self.register_buffer("weight", (weight.float() * weight_scale.float().reshape(n, 1)).to(dtype))
 
-    def _matmul(self, x):
+    def _matmul(self, x, bias):
         if self.use_kernels:
-            return kernels.int8_gemm(x, self.weight, self.weight_scale)
+            return kernels.int8_gemm(x, self.weight, self.weight_scale, bias)
         if self.path == "dequantized":
-            return kernels.linear(x, self.weight)
+            return plus(kernels.linear(x, self.weight), bias)
         if self.path == "cpu_w8a8":  # where module_matrices passes (a gradient wanted): the same numbers
-            return cpu_gemm.matmul(x, cpu_gemm.int8_matrices([self.weight], [self.weight_scale], self.in_features))
+            return plus(cpu_gemm.matmul(x, cpu_gemm.int8_matrices([self.weight], [self.weight_scale], self.in_features)),
+                        bias)
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.weight_scale)
-        return y.to(x.dtype)
+        return plus(y.to(x.dtype), bias)
 
     def gpu_input_format(self) -> tuple | None:
         return ("int8", None) if self.path == "int8_gemm" else None
 
-    def _matmul_quantized(self, q, scales, dtype):
-        return kernels.int8_gemm_quantized(q, scales, self.weight, self.weight_scale, dtype)
+    def _matmul_quantized(self, q, scales, dtype, bias):
+        return kernels.int8_gemm_quantized(q, scales, self.weight, self.weight_scale, dtype, bias)
 
     @staticmethod
     def gpu_join_dims(linears) -> dict | None:
@@ -229,21 +228,22 @@ class Int4Linear(QuantLinear):
                                           cpu_gemm.joined_bias(linears))
         return QuantLinear.cpu_matrices(linears)
 
-    def _matmul(self, x):
+    def _matmul(self, x, bias):
         if self.use_kernels:
             x = x if self.perm is None else x[:, self.perm]
-            return kernels.w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size)
+            return kernels.w4a16_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.group_size, bias)
         if self.path == "dequantized":
-            return kernels.linear(x, self.weight)
+            return plus(kernels.linear(x, self.weight), bias)
         if self.path == "cpu_int4":  # act-order columns (perm), or a gradient wanted: the same numbers
             x = x if self.perm is None else x[:, self.perm]
-            return cpu_gemm.matmul(x, cpu_gemm.int4_matrices([(self.qweight, self.scales, self.zeros)],
-                                                             [self.out_features], self.in_features, self.group_size))
+            return plus(cpu_gemm.matmul(x, cpu_gemm.int4_matrices([(self.qweight, self.scales, self.zeros)],
+                                                                  [self.out_features], self.in_features,
+                                                                  self.group_size)), bias)
         xb = x.to(torch.bfloat16)
         if self.perm is not None:
             xb = xb[:, self.perm]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, self.group_size, self.scales_zeros)
-        return y.to(x.dtype)
+        return plus(y.to(x.dtype), bias)
 
     @staticmethod
     def gpu_join_dims(linears) -> dict | None:
@@ -256,6 +256,11 @@ class Int4Linear(QuantLinear):
                for m in linears):
             return {"qweight": 1, "qzeros": 1, "scales": 1}
         return None
+
+
+def plus(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y + bias, where the path's product did not add it."""
+    return y if bias is None else y + bias
 
 
 def _contiguous_group_order(g_idx: torch.Tensor, group_size: int) -> torch.Tensor | None:
