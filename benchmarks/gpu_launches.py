@@ -1,12 +1,11 @@
 """The kernels a decode step and a verification would launch on a GPU, counted on a machine without one.
 
 The decoder runs on CPU tensors with its GPU routes switched on (the C kernels off, speclite's Triton
-kernels, the quantized GEMMs' included, run by Triton's interpreter; a dense layer's product is one
-torch op here, one GEMM there): every Triton launch is counted by name, and every torch op
-the decoder itself dispatches that is a kernel on a GPU (views and allocations are not) by a
-dispatch mode. torch's own composite ops count once here (a GPU may launch several for one: SDPA's
-math backend, for instance). A small model of the config's family (two layers, narrow widths) is
-enough: the counts are per layer and per step.
+kernels, the GEMMs' included, run by Triton's interpreter): every Triton launch is counted by name,
+and every torch op the decoder itself dispatches that is a kernel on a GPU (views and allocations are
+not) by a dispatch mode. torch's own composite ops count once here (a GPU may launch several for one:
+SDPA's math backend, for instance). A small model of the config's family (two layers, narrow widths)
+is enough: the counts are per layer and per step.
 
     python benchmarks/gpu_launches.py [--config qwen2.5-7b] [--quant none|fp8-block|w8a8|int4]
 """
@@ -105,6 +104,17 @@ def main() -> int:
     for module in (fp8_block, int8, w4a16):  # the quantized GEMMs' Triton kernels, not their torch references
         module.use_triton = lambda x: True
     fp8_block.fp8_dot_supported = lambda x: True
+    import speclite.kernels as kernels
+    from speclite.kernels import dense_triton, tuning
+
+    cpu_linear = kernels.linear
+
+    def gpu_linear(x, weight, bias=None):  # kernels.linear's GPU route: decode and verification rows in Triton
+        if x.dim() == 2 and x.shape[0] <= tuning.GEMV_ROWS and weight.dtype == x.dtype:
+            return dense_triton.dense_gemm(x, weight, bias)
+        return cpu_linear(x, weight, bias)
+
+    kernels.linear = gpu_linear
     model = small_model(args.config, args.quant)
     layers = model.args.num_layers
     cache = model.new_cache(512)
