@@ -57,39 +57,20 @@ class Launches(TorchDispatchMode):
 
 
 def small_model(config: str, quant: str):
-    from speclite.model.decoder import ModelArgs, Transformer, join_projections
-    from speclite.synthetic import synthetic_config
+    """Two narrow layers of the config's family, quantized at load as `--quant` would on a GPU (its
+    modules' kernel paths, here on CPU tensors), q/k/v and gate/up joined as on a GPU."""
+    from speclite.model.decoder import join_projections
+    from speclite.quant import linear
+    from speclite.quant.quantize import quantize_model
+    from speclite.synthetic import narrow_transformer
 
-    cfg = synthetic_config(config) | {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
-                                      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-                                      "vocab_size": 512}
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs.from_hf(cfg)).eval()
-    model.init_rope("cpu")
+    model = narrow_transformer(config, num_hidden_layers=2, hidden_size=256, intermediate_size=512,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512)
     if quant != "none":
-        quantize_blocks(model, quant)
+        linear.use_kernels = lambda device, kernels=None: True
+        quantize_model(model, quant, group_size=64)
     join_projections(model)
     return model
-
-
-def quantize_blocks(model, quant: str) -> None:
-    """Every block's linears as the quantized modules a GPU runs (their kernel paths)."""
-    from speclite.quant.fp8 import quantize_fp8_blocks
-    from speclite.quant.int4 import quantize_rtn
-    from speclite.quant.int8 import quantize_int8_channel
-    from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear
-
-    for block in model.model.layers:
-        for parent in (block.self_attn, block.mlp):
-            for name, linear in list(parent.named_children()):
-                w, b = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
-                if quant == "int4":
-                    new = Int4Linear(quantize_rtn(w, 64, False), b, torch.float32, "cpu", kernels=True)
-                elif quant == "fp8-block":
-                    new = Fp8Linear(*quantize_fp8_blocks(w, (64, 64)), (64, 64), b, torch.float32, "cpu", kernels=True)
-                else:
-                    new = Int8Linear(*quantize_int8_channel(w), b, torch.float32, "cpu", kernels=True)
-                setattr(parent, name, new)
 
 
 def main() -> int:

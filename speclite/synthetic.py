@@ -30,6 +30,15 @@ def synthetic_config(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def narrow_transformer(name: str, **overrides) -> Transformer:
+    """A Transformer of a shipped config's family (its RoPE, biases, norms) with the widths and layer count
+    in overrides, random weights (seed 0), on the CPU: the family's code at a size that runs in a moment."""
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs.from_hf(synthetic_config(name) | overrides)).eval()
+    model.init_rope("cpu")
+    return model
+
+
 def random_weights(model: nn.Module, dtype, seed: int, skip: tuple[str, ...] = (), device="cpu") -> dict[str, torch.Tensor]:
     """Every parameter of `model` but those named in `skip` (built on the meta device: only names and
     shapes are read) as random numbers of std 0.02, the norms' weights at 1, drawn in the order of

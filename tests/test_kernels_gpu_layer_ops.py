@@ -125,15 +125,10 @@ def test_rope_is_float64_rotation():
 
 
 def small_model(config):
-    from speclite.model.decoder import ModelArgs, Transformer
-    from speclite.synthetic import synthetic_config
+    from speclite.synthetic import narrow_transformer
 
-    cfg = synthetic_config(config) | {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
-                                      "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
-                                      "num_hidden_layers": 2}
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs.from_hf(cfg)).eval()
-    model.init_rope("cpu")
+    model = narrow_transformer(config, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=16, vocab_size=300, num_hidden_layers=2)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
