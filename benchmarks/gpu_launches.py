@@ -65,7 +65,7 @@ def small_model(config: str, quant: str):
     from speclite.synthetic import narrow_transformer
 
     model = narrow_transformer(config, num_hidden_layers=2, hidden_size=256, intermediate_size=512,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512)
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=128, vocab_size=512)
     if quant != "none":
         linear.use_kernels = lambda device, kernels=None: True
         quantize_model(model, quant, group_size=64)

@@ -230,7 +230,7 @@ def bench_attention(shape, reps, bw_gbs):
             try:
                 out = ours()
                 q = gpu_layer_ops.rope_cache(qkv, cos[:t], sin[:t], cache_k, cache_v, first, heads, kv)  # the same q
-                err = rel_err(out, sdpa()[0].transpose(0, 1))
+                err = rel_err(out, sdpa()[0].transpose(0, 1).reshape(t, -1))
                 ms = median_ms(ours, reps)
             except Exception as e:
                 print(f"attention  {shape:5} {keys:6d} {t:4d} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")

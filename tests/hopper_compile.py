@@ -185,6 +185,8 @@ def launches(quick: bool) -> None:
         for start, mask, qk_norm in ((300, None, ()), (torch.arange(300, 303), torch.ones(3, 512, dtype=torch.bool), ()),
                                      (300, None, norms)):
             attention_triton.attention(qkv, cos, sin, cache_k, cache_v, start, mask, 28, qk_norm)
+        if dtype != torch.float32:  # its output quantized for an FP8 o_proj too
+            attention_triton.attention(qkv, cos, sin, cache_k, cache_v, 300, None, 28, (), ("fp8", 128))
     tree = torch.ones(3, 3, dtype=torch.bool).tril()
     for window in (None, 4096):
         gpu_layer_ops_triton.static_mask(torch.arange(5, 8), torch.arange(5, 8), tree, 512, window)

@@ -216,7 +216,7 @@ def test_attention_compiled_is_the_decoders_and_rows_stand_alone(dtype, first):
     cos, sin = rope_tables(torch.arange(first, first + t, device="cuda"), inv_freq, 1.0, dtype)
     cache_k, cache_v = torch.randn(2, kv, 1024, d, generator=g, device="cuda").to(dtype)
     ref_k, ref_v, step_k, step_v = cache_k.clone(), cache_v.clone(), cache_k.clone(), cache_v.clone()
-    out = gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, first, None, h)
+    out = gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, first, None, h).reshape(t, h, d)
     q = decoders_rope_cache(qkv, cos, sin, ref_k, ref_v, first, h, kv, ())
     assert torch.equal(cache_k, ref_k) and torch.equal(cache_v, ref_v)
     end = first + t
@@ -227,11 +227,11 @@ def test_attention_compiled_is_the_decoders_and_rows_stand_alone(dtype, first):
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4  # bf16 rounding; fp32 dots in ieee precision
     torch.testing.assert_close(out.double(), exact, rtol=tol, atol=tol)
     alone = torch.cat([gpu_layer_ops.attention(qkv[i:i + 1], cos[i:i + 1], sin[i:i + 1], step_k, step_v, first + i,
-                                               None, h) for i in range(t)])
+                                               None, h).reshape(1, h, d) for i in range(t)])
     assert torch.equal(alone, out) and torch.equal(step_k, cache_k) and torch.equal(step_v, cache_v)
     wide = torch.cat([seen, torch.zeros(t, 1024 - end, dtype=torch.bool, device="cuda")], dim=1)
     slots = torch.arange(first, end, device="cuda")
-    assert torch.equal(gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, slots, wide, h), out)
+    assert torch.equal(gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, slots, wide, h).reshape(t, h, d), out)
 
 
 # Every method with the draft trained for it on the embedded pair (models.toml), so drafts are

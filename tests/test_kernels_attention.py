@@ -141,3 +141,22 @@ def test_a_mask_narrower_than_the_keys_is_refused():
         attention_triton.attention(qkv, cos, sin, cache_k, cache_v, 20, torch.ones(3, 22, dtype=torch.bool), 4)
     with pytest.raises(ValueError, match="mask of 3 rows"):
         attention_triton.attention(qkv, cos, sin, cache_k, cache_v, 20, torch.ones(2, 23, dtype=torch.bool), 4)
+
+
+@pytest.mark.parametrize("group", [16, 64])
+@pytest.mark.parametrize("first", [37, 600])  # one chunk; three (the last program to finish writes)
+def test_the_output_quantized_for_o_proj_is_its_quantizers(group, first):
+    """For an FP8 o_proj whose groups lie inside a head, the kernel quantizes its output rows too: the
+    values o_proj's own quantizer makes of them, scales and all (7 query heads a KV head: padded lanes
+    write nothing); a format it cannot make is refused."""
+    from speclite.kernels.fp8_block import per_token_group_quant_fp8_torch
+
+    qkv, cos, sin, cache_k, cache_v, _ = case(14, 2, 64, 5, first, torch.float32, seed=group + first)
+    plain = attention_triton.attention(qkv, cos, sin, cache_k.clone(), cache_v.clone(), first, None, 14)
+    out, q, scales = attention_triton.attention(qkv, cos, sin, cache_k, cache_v, first, None, 14, (), ("fp8", group))
+    assert torch.equal(out, plain)
+    expected_q, expected_scales = per_token_group_quant_fp8_torch(out.reshape(5, -1), group)
+    assert torch.equal(q.float(), expected_q.float()) and torch.equal(scales, expected_scales)
+    assert not attention_triton.quantizes(("fp8", 128), 64) and not attention_triton.quantizes(("int8", None), 64)
+    with pytest.raises(ValueError, match="cannot quantize"):
+        attention_triton.attention(qkv, cos, sin, cache_k, cache_v, first, None, 14, (), ("int8", None))

@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .gpu_layer_ops_triton import rope_heads
+from .fp8_block import FP8_MAX, FP8_SCALE_EPS
+from .gpu_layer_ops_triton import quant_buffers, quantize_out, rope_heads
 from .triton_common import dot_precision, tile_counts
 
 CHUNK = 256  # keys a program takes: a fixed grid of the cache's slots, whatever the call
@@ -59,12 +60,29 @@ def _attend(q, k, v, seen, m_i, l_i, acc, scale, DOT_PRECISION: tl.constexpr):
                                                                                   input_precision=DOT_PRECISION)
 
 
+@triton.jit
+def _store_out(o, out_rows, ok, heads, offs_d, row, xq_ptr, xs_ptr, H: tl.constexpr, D: tl.constexpr,
+               BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr,
+               QMAX: tl.constexpr, QEPS: tl.constexpr):
+    """A row's heads [BLOCK_G, D] of output, rounded to the output's dtype; with QUANT, also quantized for
+    o_proj's FP8 GEMM (per GROUP columns of the row's H * D, GROUP dividing D: whole groups here)."""
+    o = o.to(out_rows.dtype.element_ty)
+    tl.store(out_rows, o, mask=ok)
+    if QUANT:
+        cols = heads[:, None] * D + offs_d
+        flat: tl.constexpr = BLOCK_G * BLOCK_D
+        quantize_out(tl.reshape(o.to(tl.float32), (flat,)), tl.reshape(cols, (flat,)), tl.reshape(ok, (flat,)),
+                     H * D, xq_ptr, xs_ptr, row, QUANT, GROUP, QMAX, QEPS)
+
+
 @triton.jit(do_not_specialize=["first"])
 def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, k_ptr, v_ptr, mask_ptr, slots_ptr, first,
-                      out_ptr, part_ptr, stat_ptr, count_ptr, T, qkv_stride, max_len, mask_width, chunks_max, scale,
+                      out_ptr, xq_ptr, xs_ptr, part_ptr, stat_ptr, count_ptr, T, qkv_stride, max_len, mask_width,
+                      chunks_max, scale,
                       H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, HAS_SLOTS: tl.constexpr,
-                      HAS_MASK: tl.constexpr, QK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      HAS_MASK: tl.constexpr, QK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      QUANT: tl.constexpr, GROUP: tl.constexpr, QMAX: tl.constexpr, QEPS: tl.constexpr):
     row = tl.program_id(0)
     kv = tl.program_id(1)
     chunk = tl.program_id(2)
@@ -126,7 +144,8 @@ def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, k_ptr, v_p
         rows = (row * H + heads).to(tl.int64)
         out_rows = out_ptr + rows[:, None] * D + offs_d
         if chunks == 1:
-            tl.store(out_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=q_ok)
+            _store_out(acc / l_i[:, None], out_rows, q_ok, heads, offs_d, row, xq_ptr, xs_ptr, H, D, BLOCK_G, BLOCK_D,
+                       QUANT, GROUP, QMAX, QEPS)
         else:
             at = rows * chunks_max + chunk
             tl.store(part_ptr + at[:, None] * D + offs_d, acc, mask=q_ok)
@@ -148,22 +167,34 @@ def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, k_ptr, v_p
                     weight += scale_c * tl.load(stat_ptr + at * 2 + 1, mask=head_ok, other=0.0, cache_modifier=".cg")
                     total += scale_c[:, None] * tl.load(part_ptr + at[:, None] * D + offs_d, mask=q_ok,
                                                         other=0.0, cache_modifier=".cg")
-                tl.store(out_rows, (total / weight[:, None]).to(out_ptr.dtype.element_ty), mask=q_ok)
+                _store_out(total / weight[:, None], out_rows, q_ok, heads, offs_d, row, xq_ptr, xs_ptr, H, D, BLOCK_G,
+                           BLOCK_D, QUANT, GROUP, QMAX, QEPS)
                 tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
+def quantizes(quant: tuple | None, head_dim: int) -> bool:
+    """Whether the kernel can quantize its output for o_proj in format quant: FP8 groups inside a head
+    (a power of two wide, a whole number of groups); a W8A8 token's scale needs every head's output."""
+    return (quant is not None and quant[0] == "fp8" and head_dim & (head_dim - 1) == 0 and head_dim >= 16
+            and head_dim % quant[1] == 0)
+
+
 def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
-              start: int | torch.Tensor, mask: torch.Tensor | None, heads: int, qk_norm: tuple = ()) -> torch.Tensor:
+              start: int | torch.Tensor, mask: torch.Tensor | None, heads: int, qk_norm: tuple = (),
+              quant: tuple | None = None):
     """The new rows' attention from their projections qkv [T, (heads + 2 KV) * D] -> [T, heads, D]: each
     head's q and k RMS-normed where qk_norm = ((q_norm weight, k_norm weight), eps) is given (Qwen3),
     RoPE applied with cos, sin [T, 1, D] (gpu_layer_ops.rope_cache's numbers), the new keys and values
     written to the caches [KV, max_len, D] at slots start..start + T - 1 (start: an int, or a CUDA-graph
     step's slots tensor, its first element read on the device), and softmax(q k^T / sqrt(D)) v over the
-    keys each row sees: mask [T, >= start + T] bool, or causal where None."""
+    keys each row sees: mask [T, >= start + T] bool, or causal where None. With quant (where `quantizes`),
+    (out, q, scales): the output's rows [T, heads * D] also quantized for o_proj."""
     t = qkv.shape[0]
     kv, max_len, d = cache_k.shape
     if qkv.stride(-1) != 1 or not (cache_k.is_contiguous() and cache_v.is_contiguous()):
         raise ValueError("attention: qkv rows and both caches must be contiguous")
+    if quant is not None and not quantizes(quant, d):
+        raise ValueError(f"attention: cannot quantize its output as {quant} with heads {d} wide")
     has_slots = isinstance(start, torch.Tensor)
     if mask is not None and (mask.shape[0] != t or (not has_slots and mask.shape[-1] < start + t)):
         raise ValueError(f"attention: a mask of {t} rows over at least the {start} + {t} keys, got {list(mask.shape)}")
@@ -176,14 +207,17 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
         stats = torch.empty(t * heads * chunks_max * 2, dtype=torch.float32, device=qkv.device)
     else:
         parts = stats = out  # never touched: every row sees one chunk
+    kind, group, xq, xs = quant_buffers(t, heads * d, quant, qkv.device)
     masks = None if mask is None else mask.contiguous().view(torch.int8)
     cos, sin = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
     (q_norm, k_norm), eps = qk_norm if qk_norm else ((qkv, qkv), 0.0)  # unread without QK_NORM
     _attention_kernel[(t, kv, chunks_max)](
         qkv, cos, sin, q_norm, k_norm, eps, cache_k, cache_v, qkv if masks is None else masks,
-        start if has_slots else qkv, 0 if has_slots else start, out, parts, stats, tile_counts(qkv.device, t * kv),
+        start if has_slots else qkv, 0 if has_slots else start, out, out if xq is None else xq,
+        out if xs is None else xs, parts, stats, tile_counts(qkv.device, t * kv),
         t, qkv.stride(0), max_len, 0 if mask is None else mask.shape[-1], chunks_max, d ** -0.5 * LOG2E,
         H=heads, KV=kv, D=d, BLOCK_G=max(16, triton.next_power_of_2(heads // kv)),
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=BLOCK_N, CHUNK=CHUNK, HAS_SLOTS=has_slots,
-        HAS_MASK=mask is not None, QK_NORM=bool(qk_norm), DOT_PRECISION=dot_precision(qkv.dtype), num_warps=8)
-    return out
+        HAS_MASK=mask is not None, QK_NORM=bool(qk_norm), DOT_PRECISION=dot_precision(qkv.dtype),
+        QUANT=kind, GROUP=group, QMAX=FP8_MAX, QEPS=FP8_SCALE_EPS, num_warps=8)
+    return (out, xq, xs) if quant else out

@@ -99,14 +99,20 @@ def attends(t: int) -> bool:
 
 
 def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
-              start: int | torch.Tensor, mask: torch.Tensor | None, heads: int, qk_norm: tuple = ()) -> torch.Tensor:
+              start: int | torch.Tensor, mask: torch.Tensor | None, heads: int, qk_norm: tuple = (),
+              quant: tuple | None = None) -> torch.Tensor:
     """rope_cache and then softmax(q k^T / sqrt(D)) v of the new rows in one kernel: qkv [T, (heads + 2 KV) * D]
-    -> [T, heads, D], the new keys and values written to the caches [KV, max_len, D] at slots start..;
-    start an int or a CUDA-graph step's slots; mask [T, >= start + T] bool (True: seen), None: causal.
-    Each row's numbers are those it has alone."""
+    -> rows [T, heads * D] for o_proj, the new keys and values written to the caches [KV, max_len, D] at
+    slots start..; start an int or a CUDA-graph step's slots; mask [T, >= start + T] bool (True: seen),
+    None: causal. Each row's numbers are those it has alone. quant: o_proj's input format (as rms_norm's),
+    taken where the kernel can make it (FP8 groups inside a head)."""
     from . import attention_triton
 
-    return attention_triton.attention(qkv, cos, sin, cache_k, cache_v, start, mask, heads, qk_norm)
+    t = qkv.shape[0]
+    if not attention_triton.quantizes(quant, cache_k.shape[-1]):
+        return attention_triton.attention(qkv, cos, sin, cache_k, cache_v, start, mask, heads, qk_norm).reshape(t, -1)
+    out, q, scales = attention_triton.attention(qkv, cos, sin, cache_k, cache_v, start, mask, heads, qk_norm, quant)
+    return _attach(out.reshape(t, -1), quant, q, scales)
 
 
 def static_mask(slots: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor, span: int,

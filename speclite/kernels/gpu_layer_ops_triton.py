@@ -13,22 +13,24 @@ from .triton_common import fp8_group_scale, int8_row_scale, to_e4m3, to_int8
 
 
 @triton.jit
-def quantize_out(y, offs, D, q_ptr, s_ptr, row, QUANT: tl.constexpr, GROUP: tl.constexpr, QMAX: tl.constexpr,
+def quantize_out(y, offs, ok, D, q_ptr, s_ptr, row, QUANT: tl.constexpr, GROUP: tl.constexpr, QMAX: tl.constexpr,
                  QEPS: tl.constexpr):
-    """A producer's output block y (fp32 values of the rounded output, columns offs of a row D wide) quantized
-    as its consumer GEMM would quantize it: QUANT 1, fp8 per GROUP columns (whole groups in the block);
-    QUANT 2, int8 with the row's scale (the whole row in the block)."""
+    """A producer's output block y (1-D: fp32 values of the rounded output at columns offs of a row D wide,
+    those where ok is set its own) quantized as its consumer GEMM would quantize it: QUANT 1, fp8 per
+    GROUP columns (whole groups, consecutive, in the block); QUANT 2, int8 with the row's scale (the
+    whole row in the block)."""
     if QUANT == 1:
         groups = tl.reshape(y, (y.shape[0] // GROUP, GROUP))
         at = tl.reshape(offs, (y.shape[0] // GROUP, GROUP))
+        mine = tl.reshape(ok, (y.shape[0] // GROUP, GROUP))
         scale = fp8_group_scale(tl.max(tl.abs(groups), axis=1), QMAX, QEPS)
-        tl.store(q_ptr + row * D + at, to_e4m3(groups, scale[:, None], QMAX).to(q_ptr.dtype.element_ty), mask=at < D)
+        tl.store(q_ptr + row * D + at, to_e4m3(groups, scale[:, None], QMAX).to(q_ptr.dtype.element_ty), mask=mine)
         first = tl.min(offs, axis=0) // GROUP
         index = first + tl.arange(0, y.shape[0] // GROUP)
-        tl.store(s_ptr + row * tl.cdiv(D, GROUP) + index, scale, mask=index * GROUP < D)
+        tl.store(s_ptr + row * tl.cdiv(D, GROUP) + index, scale, mask=tl.max(mine.to(tl.int32), axis=1) > 0)
     if QUANT == 2:
         scale = int8_row_scale(tl.max(tl.abs(y), axis=0), QEPS)
-        tl.store(q_ptr + row * D + offs, to_int8(y, scale).to(tl.int8), mask=offs < D)
+        tl.store(q_ptr + row * D + offs, to_int8(y, scale).to(tl.int8), mask=ok)
         tl.store(s_ptr + row, scale)
 
 
@@ -48,7 +50,7 @@ def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, q_ptr, s_ptr, D, eps
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = (w * h.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * D + offs, y, mask=mask)
-    quantize_out(y.to(tl.float32), offs, D, q_ptr, s_ptr, row, QUANT, GROUP, QMAX, QEPS)
+    quantize_out(y.to(tl.float32), offs, mask, D, q_ptr, s_ptr, row, QUANT, GROUP, QMAX, QEPS)
 
 
 def quant_buffers(rows: int, d: int, quant: tuple | None, device) -> tuple:
@@ -110,7 +112,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, q_ptr, s_ptr, inter, BLOCK: tl.constexpr, Q
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         y = swiglu(x_ptr, row, cols, inter)
         tl.store(out_ptr + row * inter + cols, y, mask=cols < inter)
-        quantize_out(y.to(tl.float32), cols, inter, q_ptr, s_ptr, row, QUANT, GROUP, QMAX, QEPS)
+        quantize_out(y.to(tl.float32), cols, cols < inter, inter, q_ptr, s_ptr, row, QUANT, GROUP, QMAX, QEPS)
 
 
 @triton.jit

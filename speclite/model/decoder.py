@@ -345,8 +345,8 @@ class Attention(nn.Module):
             return self.o_proj(out)
         if self.gpu_rope_applies(qkv, cache_k) and gpu_layer_ops.attends(t):
             # Decode and verification rows: the q/k norms, RoPE, the cache write and attention in one kernel.
-            out = gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, start, mask, h, self.qk_norm_weights())
-            return self.o_proj(out.reshape(t, h * d))
+            return self.o_proj(gpu_layer_ops.attention(qkv, cos, sin, cache_k, cache_v, start, mask, h,
+                                                       self.qk_norm_weights(), input_format(self.o_proj)))
         if self.gpu_rope_applies(qkv, cache_k):
             # A prefill's rows: the q/k norms, RoPE and the cache write in one kernel, then torch's SDPA.
             q = gpu_layer_ops.rope_cache(qkv, cos, sin, cache_k, cache_v, start, h, kv, self.qk_norm_weights())
