@@ -17,10 +17,11 @@ from speclite.model.kv_cache import KVCache
 from speclite.model.step import NOTHING, Step, Tree, Wants
 
 
-# A step attends the cache's first `span` keys, the next power of two above the sequence (at least
-# MIN_SPAN): a graph per span reads at most twice the filled cache, where one graph for the whole
-# context read all of it every step (Qwen2.5-7B's 32k context: 1.9 GB of keys and values a step
-# beside 15 GB of weights; a 0.5B model's, 0.4 GB beside 1 GB).
+# A step's mask spans the cache's first `span` keys, the next power of two above the sequence (at least
+# MIN_SPAN), a graph per span. The GPU attention kernel reads no key past the sequence whatever the
+# span; the span sizes the mask written each step and the kernel's grid (chunks past the sequence exit
+# at once). SDPA read the whole span: one graph for a 32k context read Qwen2.5-7B's 1.9 GB of keys and
+# values a step beside 15 GB of weights.
 MIN_SPAN = 256
 
 
