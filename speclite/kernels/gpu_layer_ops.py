@@ -71,8 +71,10 @@ _QUANTIZED = "speclite_quantized"
 def quantized(x: torch.Tensor, quant: tuple | None) -> tuple | None:
     """(q, scales) a producer kernel made of x in format quant: ("fp8", group), per token per group of
     columns, or ("int8", None), per token; None where it made none in that format (or quant is None)."""
+    if quant is None:
+        return None
     made = getattr(x, _QUANTIZED, None)
-    return made[1:] if quant is not None and made is not None and made[0] == quant else None
+    return made[1:] if made is not None and made[0] == quant else None
 
 
 def _attach(x: torch.Tensor, quant: tuple, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -174,6 +174,8 @@ class RMSNorm(nn.Module):
 class Linear(nn.Linear):
     """nn.Linear on speclite's CPU kernels where they apply (cpu_gemm.module_matrices), else kernels.linear."""
 
+    input_quant = None  # its input as it is (QuantLinear.input_quant)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the kernels take [M, K]: a state [H] too
         mats = cpu_gemm.module_matrices(rows, [self])
@@ -245,11 +247,13 @@ def hooked(modules) -> bool:
 
 
 def input_format(*linears: nn.Module) -> tuple | None:
-    """The format the linears' GPU GEMMs quantize their input to (QuantLinear.gpu_input_format), where
-    they share one and no hook watches them: the kernel making that input (a norm, SiLU-and-multiply)
-    then quantizes it too, and the GEMMs skip their own activation quantizer."""
-    formats = {getattr(m, "gpu_input_format", lambda: None)() for m in linears}
-    return formats.pop() if len(formats) == 1 and not hooked(linears) else None
+    """The format the linears' GPU GEMMs quantize their input to (QuantLinear.input_quant), where they
+    share one and no hook watches them: the kernel making that input (a norm, SiLU-and-multiply, the
+    attention) then quantizes it too, and the GEMMs skip their own activation quantizer."""
+    quant = getattr(linears[0], "input_quant", None)
+    if quant is None or any(getattr(m, "input_quant", None) != quant for m in linears[1:]) or hooked(linears):
+        return None
+    return quant
 
 
 def project(x: torch.Tensor, *linears: nn.Module) -> torch.Tensor:

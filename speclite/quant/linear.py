@@ -34,6 +34,11 @@ def use_kernels(device, kernels=None) -> bool:
 class QuantLinear(nn.Module):
     """Shared shape handling; subclasses implement _matmul(x, bias) on a 2-D input: x @ W^T + bias."""
 
+    # The activations' format this layer's GPU GEMM quantizes them to, ("fp8", group) or ("int8", None),
+    # where a producer kernel may hand them over quantized (gpu_layer_ops.quantized); None: it takes them
+    # as they are. Decided at construction: the decoder reads it for every layer of every forward.
+    input_quant: tuple | None = None
+
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, dtype, device, kernels=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -42,7 +47,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        made = gpu_layer_ops.quantized(x, self.gpu_input_format())  # read before the reshape makes a new tensor
+        made = gpu_layer_ops.quantized(x, self.input_quant)  # read before the reshape makes a new tensor
         x = x.reshape(-1, shape[-1])
         mats = cpu_gemm.module_matrices(x, [self])  # the CPU kernels, bias included
         if mats is not None:
@@ -50,12 +55,6 @@ class QuantLinear(nn.Module):
         else:  # the bias in the GPU kernels' GEMMs (one launch fewer), added after elsewhere
             y = self._matmul(x, self.bias) if made is None else self._matmul_quantized(*made, x.dtype, self.bias)
         return y.reshape(*shape[:-1], self.out_features)
-
-    def gpu_input_format(self) -> tuple | None:
-        """The activations' format this layer's GEMM quantizes them to, ("fp8", group) or ("int8", None),
-        where a producer kernel may hand them over quantized (gpu_layer_ops.quantized); None: it takes
-        them as they are."""
-        return None
 
     @staticmethod
     def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
@@ -82,6 +81,9 @@ class Fp8Linear(QuantLinear):
             self.block = tuple(block)
             self.register_buffer("weight", weight.to(device))
             self.register_buffer("weight_scale_inv", scale_inv.to(device))
+            # Producers quantize to e4m3 in Triton, which needs an fp8-capable GPU there (or runs interpreted).
+            if not self.weight.is_cuda or fp8_dot_supported(self.weight):
+                self.input_quant = ("fp8", self.block[1])
         else:
             self.path = "dequantized"
             self.register_buffer("weight", dequantize_fp8_blocks(weight, scale_inv, block, dtype).to(device))
@@ -90,12 +92,6 @@ class Fp8Linear(QuantLinear):
         if self.use_kernels:
             return kernels.fp8_block_gemm(x, self.weight, self.weight_scale_inv, self.block, bias)
         return plus(kernels.linear(x, self.weight), bias)
-
-    def gpu_input_format(self) -> tuple | None:
-        # Producers quantize to e4m3 in Triton, which needs an fp8-capable GPU there (or runs interpreted).
-        if self.path == "fp8_block_gemm" and (not self.weight.is_cuda or fp8_dot_supported(self.weight)):
-            return ("fp8", self.block[1])
-        return None
 
     def _matmul_quantized(self, q, scales, dtype, bias):
         return kernels.fp8_block_gemm_quantized(q, scales, self.weight, self.weight_scale_inv, self.block, dtype, bias)
@@ -125,6 +121,7 @@ class Int8Linear(QuantLinear):
         super().__init__(k, n, bias, dtype, device, kernels)
         if self.use_kernels:
             self.path = "int8_gemm"
+            self.input_quant = ("int8", None)
             self.register_buffer("weight", weight.to(device=device, dtype=torch.int8))
             self.register_buffer("weight_scale", weight_scale.float().reshape(n, 1).to(device))
         elif quantize_activations and cpu_gemm.available():
@@ -151,9 +148,6 @@ class Int8Linear(QuantLinear):
                         bias)
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.weight_scale)
         return plus(y.to(x.dtype), bias)
-
-    def gpu_input_format(self) -> tuple | None:
-        return ("int8", None) if self.path == "int8_gemm" else None
 
     def _matmul_quantized(self, q, scales, dtype, bias):
         return kernels.int8_gemm_quantized(q, scales, self.weight, self.weight_scale, dtype, bias)
