@@ -10,7 +10,7 @@ query row and the query heads of one KV head, over one chunk of CHUNK keys of th
 blocks at fixed slots: a row's numbers depend on its own query and the keys it sees alone (a block
 of keys it does not see adds exact zeros), whatever rows share the call or how far the cache runs.
 A row whose keys span several chunks is summed by the last of its chunks' programs to finish
-(triton_common.store_split's count), chunk by chunk in order, so chunks beyond those a row sees add
+(triton_common.last_to_arrive), chunk by chunk in order, so chunks beyond those a row sees add
 exact zeros there too. The new rows' keys and values are read from qkv by every program that needs
 them (normed and turned in a tile at the same slots as from the cache, so the same bits), not from
 the cache, so no program waits for the one that writes them there.
@@ -26,14 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_block import FP8_MAX, FP8_SCALE_EPS
 from .gpu_layer_ops_triton import quant_buffers, quantize_out, rope_heads
-from .triton_common import dot_precision, tile_counts
+from .triton_common import dot_precision, last_to_arrive, reset_count, tile_counts
 
 CHUNK = 256  # keys a program takes: a fixed grid of the cache's slots, whatever the call
 BLOCK_N = 64
 # Eight warps: turning a block of new keys (four [BLOCK_N, D] fp32 tiles) spilled registers at four on
 # Hopper (tests/hopper_compile.py: 255 registers and a 136-536 byte stack; 180-193 and none at eight).
+WARPS = 8
 LOG2E = 1.4426950408889634  # the kernel's exponentials are exp2: the scores come scaled by it
 
 
@@ -151,9 +151,8 @@ def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, k_ptr, v_p
             tl.store(part_ptr + at[:, None] * D + offs_d, acc, mask=q_ok)
             tl.store(stat_ptr + at * 2, m_i, mask=head_ok)
             tl.store(stat_ptr + at * 2 + 1, l_i, mask=head_ok)
-            tl.debug_barrier()  # every thread's part stored before the count is raised
             count = count_ptr + row * KV + kv
-            if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == chunks - 1:
+            if last_to_arrive(count, chunks):
                 # The row's chunks in order: the largest score first (a max: any order), then the sums.
                 top = tl.full([BLOCK_G], float("-inf"), tl.float32)
                 for c in range(chunks):
@@ -169,7 +168,7 @@ def _attention_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, k_ptr, v_p
                                                         other=0.0, cache_modifier=".cg")
                 _store_out(total / weight[:, None], out_rows, q_ok, heads, offs_d, row, xq_ptr, xs_ptr, H, D, BLOCK_G,
                            BLOCK_D, QUANT, GROUP, QMAX, QEPS)
-                tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
+                reset_count(count)
 
 
 def quantizes(quant: tuple | None, head_dim: int) -> bool:
@@ -207,7 +206,7 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
         stats = torch.empty(t * heads * chunks_max * 2, dtype=torch.float32, device=qkv.device)
     else:
         parts = stats = out  # never touched: every row sees one chunk
-    kind, group, xq, xs = quant_buffers(t, heads * d, quant, qkv.device)
+    quantizing, xq, xs = quant_buffers(t, heads * d, quant, qkv.device)
     masks = None if mask is None else mask.contiguous().view(torch.int8)
     cos, sin = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
     (q_norm, k_norm), eps = qk_norm if qk_norm else ((qkv, qkv), 0.0)  # unread without QK_NORM
@@ -218,6 +217,6 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
         t, qkv.stride(0), max_len, 0 if mask is None else mask.shape[-1], chunks_max, d ** -0.5 * LOG2E,
         H=heads, KV=kv, D=d, BLOCK_G=max(16, triton.next_power_of_2(heads // kv)),
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=BLOCK_N, CHUNK=CHUNK, HAS_SLOTS=has_slots,
-        HAS_MASK=mask is not None, QK_NORM=bool(qk_norm), DOT_PRECISION=dot_precision(qkv.dtype),
-        QUANT=kind, GROUP=group, QMAX=FP8_MAX, QEPS=FP8_SCALE_EPS, num_warps=8)
+        HAS_MASK=mask is not None, QK_NORM=bool(qk_norm), DOT_PRECISION=dot_precision(qkv.dtype), **quantizing,
+        num_warps=WARPS)
     return (out, xq, xs) if quant else out

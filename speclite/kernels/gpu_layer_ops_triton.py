@@ -53,17 +53,18 @@ def _rms_norm_kernel(x_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, q_ptr, s_ptr, D, eps
     quantize_out(y.to(tl.float32), offs, mask, D, q_ptr, s_ptr, row, QUANT, GROUP, QMAX, QEPS)
 
 
-def quant_buffers(rows: int, d: int, quant: tuple | None, device) -> tuple:
-    """(QUANT, group, q, scales) for a producer that also quantizes its output for quant = ("fp8", group) or
-    ("int8", None); (0, 1, None, None) without."""
+def quant_buffers(rows: int, d: int, quant: tuple | None, device) -> tuple[dict, torch.Tensor | None, torch.Tensor | None]:
+    """(quantize_out's constexprs, q, scales) for a producer kernel that also quantizes its [rows, d] output
+    for quant = ("fp8", group) or ("int8", None); (QUANT 0, None, None) without."""
     if quant is None:
-        return 0, 1, None, None
+        return dict(QUANT=0, GROUP=1, QMAX=FP8_MAX, QEPS=FP8_SCALE_EPS), None, None
     kind, group = quant
     if kind == "fp8":
-        return (1, group, torch.empty(rows, d, dtype=torch.float8_e4m3fn, device=device),
+        return (dict(QUANT=1, GROUP=group, QMAX=FP8_MAX, QEPS=FP8_SCALE_EPS),
+                torch.empty(rows, d, dtype=torch.float8_e4m3fn, device=device),
                 torch.empty(rows, triton.cdiv(d, group), dtype=torch.float32, device=device))
-    return 2, 1, torch.empty(rows, d, dtype=torch.int8, device=device), torch.empty(rows, 1, dtype=torch.float32,
-                                                                                   device=device)
+    return (dict(QUANT=2, GROUP=1, QMAX=FP8_MAX, QEPS=INT8_SCALE_EPS),
+            torch.empty(rows, d, dtype=torch.int8, device=device), torch.empty(rows, 1, dtype=torch.float32, device=device))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None,
@@ -76,14 +77,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Ten
     out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     total = None if delta is None else torch.empty_like(rows)
     deltas = None if delta is None else delta.reshape(-1, d).contiguous()
-    kind, group, q, scales = quant_buffers(rows.shape[0], d, quant, x.device)
-    block = max(triton.next_power_of_2(d), group)
+    quantizing, q, scales = quant_buffers(rows.shape[0], d, quant, x.device)
+    block = max(triton.next_power_of_2(d), quantizing["GROUP"])
     _rms_norm_kernel[(rows.shape[0],)](rows, rows if deltas is None else deltas, weight,
                                        out if total is None else total, out, out if q is None else q,
                                        out if scales is None else scales, d, eps, BLOCK=block,
-                                       ADD=delta is not None, QUANT=kind, GROUP=group, QMAX=FP8_MAX,
-                                       QEPS=FP8_SCALE_EPS if kind == 1 else INT8_SCALE_EPS,
-                                       num_warps=min(16, max(1, block // 256)))
+                                       ADD=delta is not None, **quantizing, num_warps=min(16, max(1, block // 256)))
     normed = out.reshape(*x.shape[:-1], d)
     made = (normed,) if delta is None else (total.reshape(x.shape), normed)
     if quant:
@@ -132,12 +131,11 @@ def silu_mul(gate_up: torch.Tensor, quant: tuple | None = None):
     rows = gate_up.reshape(-1, 2 * inter)
     rows = rows if rows.is_contiguous() else rows.contiguous()
     out = torch.empty(rows.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
-    kind, group, q, scales = quant_buffers(rows.shape[0], inter, quant, gate_up.device)
-    block = max(1024, group)
-    grid = (rows.shape[0],) if kind == 2 else (rows.shape[0], triton.cdiv(inter, block))
+    quantizing, q, scales = quant_buffers(rows.shape[0], inter, quant, gate_up.device)
+    block = max(1024, quantizing["GROUP"])
+    grid = (rows.shape[0],) if quantizing["QUANT"] == 2 else (rows.shape[0], triton.cdiv(inter, block))
     _silu_mul_kernel[grid](rows, out, out if q is None else q, out if scales is None else scales, inter, BLOCK=block,
-                           QUANT=kind, GROUP=group, QMAX=FP8_MAX, QEPS=FP8_SCALE_EPS if kind == 1 else INT8_SCALE_EPS,
-                           num_warps=4)
+                           **quantizing, num_warps=4)
     made = out.reshape(*gate_up.shape[:-1], inter)
     return (made, q, scales) if quant else made
 

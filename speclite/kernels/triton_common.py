@@ -99,6 +99,21 @@ def with_bias(acc, b_ptr, offs_n, mask_n, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def last_to_arrive(count, arrivals):
+    """Whether this program is the last of `arrivals` programs to count in at `count` (a zero int32 in
+    tile_counts): every thread's stores are made before it counts in (a CTA barrier, then an
+    acquire-release add at gpu scope), so the last one may read them all, from L2 (.cg loads: not
+    this SM's L1), and must then set the count back to zero for the next call (reset_count)."""
+    tl.debug_barrier()
+    return tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+
+
+@triton.jit
+def reset_count(count):
+    tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def store_split(out_ptr, part_ptr, count_ptr, y, M, N, offs_m, offs_n, mask_m, mask_n):
     """A program's fp32 result y into out. Split-K: each split stores its partial in slice k of the
     partials, and the tile's last split to arrive (a count per tile) sums the slices in split order,
@@ -111,14 +126,13 @@ def store_split(out_ptr, part_ptr, count_ptr, y, M, N, offs_m, offs_n, mask_m, m
         tl.store(out_ptr + tile, y.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(part_ptr + tl.program_id(2) * M * N + tile, y, mask=mask)
-        tl.debug_barrier()  # every thread's part stored before the count is raised (a release at gpu scope)
         count = count_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == splits - 1:
+        if last_to_arrive(count, splits):
             total = tl.zeros_like(y)
-            for s in range(splits):  # from L2 (.cg): the other splits' stores, not this SM's L1
+            for s in range(splits):
                 total += tl.load(part_ptr + s * M * N + tile, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + tile, total.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
+            reset_count(count)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
