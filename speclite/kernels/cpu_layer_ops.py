@@ -128,18 +128,22 @@ class Decoder(ctypes.Structure):
     """A whole model for the C calls that run several of its forwards (chain, draft_iterations, head_iterations,
     dflash_iterations):
     its Layers (with their Head), embedding table, KV cache and the RoPE rows of every cache
-    position. Mirrors struct Decoder in kernels.cpp."""
+    position; `vocab_map` (int64, a head row's token) where its head covers some tokens only, a drafter
+    restricted by a token map (speclite.speculate.token_map). Mirrors struct Decoder in kernels.cpp."""
 
     _fields_ = [("layers", _P), ("n", _I), ("head", ctypes.POINTER(Head)), ("embed", _P), ("edt", _I),
-                ("caches_k", _P), ("caches_v", _P), ("cos", _P), ("sin", _P), ("max_len", _I), ("scale", _F)]
+                ("caches_k", _P), ("caches_v", _P), ("cos", _P), ("sin", _P), ("max_len", _I), ("scale", _F),
+                ("vocab_map", _P)]
 
-    def __init__(self, layers: Layers, embed: torch.Tensor, cache_layers, cos: torch.Tensor, sin: torch.Tensor):
+    def __init__(self, layers: Layers, embed: torch.Tensor, cache_layers, cos: torch.Tensor, sin: torch.Tensor,
+                 vocab_map: torch.Tensor | None = None):
         caches_k, caches_v = layers.cache_pointers(cache_layers)
         super().__init__(ctypes.cast(layers.array, _P), len(layers.layers), ctypes.pointer(layers.head), embed.data_ptr(),
                          DTYPES[embed.dtype], ctypes.cast(caches_k, _P), ctypes.cast(caches_v, _P), cos.data_ptr(),
-                         sin.data_ptr(), cache_layers[0][0].shape[1], layers.layers[0].head_dim ** -0.5)
+                         sin.data_ptr(), cache_layers[0][0].shape[1], layers.layers[0].head_dim ** -0.5,
+                         None if vocab_map is None else vocab_map.data_ptr())
         self.dtype, self.rope_row = cos.dtype, cos.stride(0) * cos.element_size()  # bytes a position
-        self.keep = (layers, embed, cos, sin, caches_k, caches_v)
+        self.keep = (layers, embed, cos, sin, caches_k, caches_v, vocab_map)
 
 
 def embed(table: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -208,7 +212,7 @@ def chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int, warp
           uniforms: torch.Tensor | None = None, wants: tuple[int, ...] = (), final: bool = False):
     """`steps` tokens after `token`, in one call and one thread team: the token embedded and run
     through the whole model (a Decoder) at cache position start, the pick from its first `vocab`
-    logits fed at start + 1, and so on; the cache gains `steps` entries. The pick is the argmax, or
+    logits (its token through the decoder's vocab_map, where set) fed at start + 1, and so on; the cache gains `steps` entries. The pick is the argmax, or
     with `warp` (a cpu_sampling.Warp) the draw with uniforms[i] (float32 [steps]) from the logits'
     warp. The tokens k single decoder_layers steps and the loop's picks would give, {i: layer i's
     inputs [steps, H]} for i in `wants` (as decoder_layers'), and the final normed states [steps, H]
@@ -224,7 +228,7 @@ def chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int, warp
     _library().speclite_chain(
         decoder.layers, n, decoder.head, decoder.embed, decoder.edt, token, decoder.caches_k, decoder.caches_v,
         DTYPES[decoder.dtype], decoder.cos + rope, decoder.sin + rope, decoder.max_len, start, decoder.scale, vocab,
-        warp_at, uniforms_at, steps, tokens, states, None if normed is None else normed.data_ptr(),
+        decoder.vocab_map, warp_at, uniforms_at, steps, tokens, states, None if normed is None else normed.data_ptr(),
         torch.get_num_threads())
     return list(tokens), captured, normed
 
@@ -356,7 +360,7 @@ SIGNATURES = {
     "speclite_attention": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _P, _F, _I],
     "speclite_decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F,
                                 ctypes.POINTER(Head), _I, _P, _P, _I],
-    "speclite_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _P, _P, _I,
+    "speclite_chain": [_P, _I, ctypes.POINTER(Head), _P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _F, _I, _P, _P, _P, _I,
                        ctypes.POINTER(ctypes.c_int), _P, _P, _I],
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],

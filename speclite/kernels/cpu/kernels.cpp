@@ -221,7 +221,8 @@ inline void embed_row(void *dst, int dt, const void *table, int edt, int64_t ind
 
 // A whole model for the loops that run several forwards in one call: its layers and head, its
 // embedding table [V', H] (dtype edt), its KV cache (per layer) and the RoPE rows of every cache
-// position (0..max_len-1, head_dim values each). Mirrored by cpu_layer_ops.Decoder.
+// position (0..max_len-1, head_dim values each); a drafter's head may cover some tokens only, its
+// rows' tokens in vocab_map. Mirrored by cpu_layer_ops.Decoder.
 struct Decoder {
     const Layer *const *layers;
     int n;
@@ -232,6 +233,7 @@ struct Decoder {
     const void *cos, *sin;
     int max_len;
     float scale;
+    const int64_t *vocab_map;  // a drafter's head over some tokens only (FR-Spec): row -> token; null: row = token
 
     // The shape of a causal forward of M rows at cache position start.
     Step step(int dt, int M, int start) const {
@@ -510,7 +512,8 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, c
 // n tokens after `token`, as n single steps of speclite_decoder_layers and the loop's picks would give
 // them, in one team: the token's embedding row (embed [V', H] of dtype edt) goes through the layers
 // at position start (cos/sin: the RoPE rows of positions start.., d values each), the pick from its
-// first `vocab` logits is tokens[0] and is fed at start + 1, and so on: the cache gains n entries.
+// first `vocab` logits (mapped through vocab_map where the head covers some tokens only) is tokens[0]
+// and is fed at start + 1, and so on: the cache gains n entries.
 // The pick is the argmax (the first of equal maxima, a NaN counting as the largest, as
 // torch.argmax), or where `warp` is set the draw with uniforms[i] from the logits' warp (Pick). A
 // draft model's chain, or plain decoding, without a return to Python per token. Plain decoding under
@@ -519,7 +522,7 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, c
 // layer's outputs), and normed [steps, H], where not null, the final normed states.
 void speclite_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int edt, int token,
                     void *const *caches_k, void *const *caches_v, int dt, const void *cos, const void *sin, int max_len,
-                    int start, float scale, int vocab, const Warp *warp, const float *uniforms, int steps, int *tokens,
+                    int start, float scale, int vocab, const int64_t *vocab_map, const Warp *warp, const float *uniforms, int steps, int *tokens,
                     void *const *states, void *normed, int threads) {
     Model model{layers, n, head, layer_buffers, scratch, layer_states};
     model.reserve(1, 1, dt);
@@ -540,6 +543,7 @@ void speclite_chain(const Layer *const *layers, int n, const Head *head, const v
             if (team::id() == 0) {
                 if (states[n]) memcpy((char *)states[n] + es * H * i, out.data(), es * H);
                 tokens[i] = pick(logits.data(), dt, std::min(vocab, V), warp ? uniforms[i] : 0.f);
+                if (vocab_map) tokens[i] = (int)vocab_map[tokens[i]];
                 embed_row(x.data(), dt, embed, edt, tokens[i], H);
             }
             model.sc.barrier.wait(team::size());  // the next step reads x
@@ -606,8 +610,8 @@ void speclite_embed(const void *table, int edt, const int64_t *ids, int n, int H
 //   an autoregressive one (mask < 0) from its last row, then each draft fed in turn (k - 1 one-row
 //     forwards); its cache keeps the fed drafts that stand.
 // The target reads `token` and the drafts at t_len... Greedy (warp null): a draft is the argmax of its
-// row's first d_vocab logits; drafts stand while they equal the target's argmax at the row before,
-// and the target's token after them comes next. Sampled: a draft is drawn (sampling.h) from its row's
+// row's first d_vocab logits (its token through draft->vocab_map where set); drafts stand while they
+// equal the target's argmax at the row before, and the target's token after them comes next. Sampled: a draft is drawn (sampling.h) from its row's
 // warp over the target's vocabulary (the draft's logits cut to it, or padded with -inf) and the
 // target's rows are warped too; the drafts stand and the next token is drawn as `rejection` decides
 // (sampling.h, the loop's rejection sampling of a chain), the uniforms taken in the loop's order: the
@@ -662,14 +666,14 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
             d.forward_team(draft->step(dt, M, d_len), xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k,
                            draft->caches_v, R, nullptr, logd.data());
             const auto [r0, r1] = team::share(R);  // a parallel draft's rows shared by the team (row 0: thread 0's)
-            for (int i = r0; i < r1; i++) drafts[i] = picks.draft(logd.data() + es * Vrow * i, dt, Vrow, Vd, nullptr, i, team::id());
+            for (int i = r0; i < r1; i++) drafts[i] = picks.draft(logd.data() + es * Vrow * i, dt, Vrow, Vd, draft->vocab_map, i, team::id());
             if (R > 1) t.sc.barrier.wait(team::size());  // thread 0 reads them all next
             for (int i = 1; !parallel && i < kk; i++) {  // an autoregressive draft's chain
                 if (team::id() == 0) embed_row(xd.data(), dt, draft->embed, draft->edt, drafts[i - 1], Hd);
                 t.sc.barrier.wait(team::size());
                 d.forward_team(draft->step(dt, 1, d_len + M + i - 1), xd.data(), nullptr, outd.data(), no_d.data(),
                                draft->caches_k, draft->caches_v, 1, nullptr, logd.data());
-                if (team::id() == 0) drafts[i] = picks.draft(logd.data(), dt, Vrow, Vd, nullptr, i, 0);
+                if (team::id() == 0) drafts[i] = picks.draft(logd.data(), dt, Vrow, Vd, draft->vocab_map, i, 0);
             }
             if (team::id() == 0) {
                 embed_iteration(xt.data(), dt, *target, token, drafts.data(), kk);
@@ -785,7 +789,8 @@ int speclite_head_iterations(const Decoder *target, const Layer *layer, const He
 // pending rows to keys and values (kv[i]: that layer's k and v projections) and writes them at c..
 // (k norm, RoPE; no query); the block [token, mask, ..., mask] of kk + 1 rows (the target's embedding)
 // at the next positions, seeing every entry and all of itself, through the layers, the drafter's
-// norm and the target's lm_head (draft->head) gives the kk drafts (its rows 1..kk, picked as Picks does); the
+// norm and the target's lm_head (draft->head: some of its rows only where draft->vocab_map is set) gives
+// the kk drafts (its rows 1..kk, picked as Picks does); the
 // target reads `token` and the drafts at t_len.., the inputs of its layers aux[0..n_aux) captured (aux
 // = its layer count: the last layer's output); drafts are judged as in speclite_draft_iterations; the stood
 // rows' captures, side by side in aux's order, through `fuse` (fc) and the fuse_norm RMSNorm
@@ -799,7 +804,7 @@ int speclite_dflash_iterations(const Decoder *target, const Decoder *draft, cons
                            const float *uniforms, int n_uniforms, const int *eos, int n_eos, int64_t budget_ns,
                            int *tokens, int *drafted, int *accepted, int64_t *draft_ns, int64_t *verify_ns,
                            void *pending_out, int *lengths, int threads) {
-    const int H = target->layers[0]->o->n, V = target->head->mats->n, L = target->n;
+    const int H = target->layers[0]->o->n, V = target->head->mats->n, Vh = draft->head->mats->n, L = target->n;
     const Layer &first = *draft->layers[0];
     const int d = first.head_dim, kv_width = 2 * first.kv_heads * d, rows = std::max(T, k + 1);
     const int64_t es = dt == F32 ? 4 : 2, trow = es * H;
@@ -810,7 +815,7 @@ int speclite_dflash_iterations(const Decoder *target, const Decoder *draft, cons
     for (int i = 0; i < draft->n; i++) ::reserve(scratch, *kv[i], rows);
     ::reserve(scratch, *fuse, k + 1);
     std::vector<char> ctx(trow * rows), kvs(es * kv_width * rows), fused(trow * (k + 1));
-    std::vector<char> xd(trow * (k + 1)), outd(trow * (k + 1)), logd(es * V * k);
+    std::vector<char> xd(trow * (k + 1)), outd(trow * (k + 1)), logd(es * Vh * k);
     std::vector<uint8_t> sees((size_t)(k + 1) * draft->max_len, 1);  // the block sees every entry and itself
     std::vector<void *> no_d(draft->n + 1, nullptr);
     Verification v(target, t, dt, k, aux, n_aux);
@@ -848,7 +853,7 @@ int speclite_dflash_iterations(const Decoder *target, const Decoder *draft, cons
             dm.forward_team(block, xd.data(), nullptr, outd.data(), no_d.data(), draft->caches_k, draft->caches_v, kk,
                             nullptr, logd.data());
             const auto [r0, r1] = team::share(kk);
-            for (int i = r0; i < r1; i++) drafts[i] = picks.draft(logd.data() + es * V * i, dt, V, V, nullptr, i, team::id());
+            for (int i = r0; i < r1; i++) drafts[i] = picks.draft(logd.data() + es * Vh * i, dt, Vh, Vh, draft->vocab_map, i, team::id());
             t.sc.barrier.wait(team::size());
             if (team::id() == 0) {
                 v.feed(token, drafts.data(), kk);
