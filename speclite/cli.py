@@ -150,6 +150,35 @@ def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, cali
     console().print(quant_report(report))
 
 
+@cli.command("token-map")
+@click.argument("model")
+@click.option("--corpus", multiple=True, required=True, type=click.Path(exists=True, path_type=Path),
+              help="Text the drafts will resemble: files, JSONL (each record's \"text\" or \"prompt\") or directories; "
+              "repeatable.")
+@click.option("--size", type=click.IntRange(min=1), default=32768, show_default=True, help="Tokens in the map.")
+@click.option("--output", "-o", "output_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help=".pt (FR-Spec's torch-saved list, what SGLang reads) or .json.")
+@click.pass_context
+def token_map(ctx, model, corpus, size, output_path):
+    """Write MODEL's SIZE most frequent tokens over a corpus: a --token-map for a drafter's head (FR-Spec)."""
+    from speclite.api import eos_ids, load_tokenizer
+    from speclite.hub import resolve
+    from speclite.speculate import token_map as maps
+
+    if output_path.suffix not in (".pt", ".json"):
+        raise SpecliteError(f"--output {output_path}: name a .pt or .json file")
+    model_dir = resolve(model, ctx.obj["models_file"])
+    tokenizer = load_tokenizer(model_dir)
+    counts = maps.count(tokenizer, maps.corpus_texts(corpus))
+    total = sum(counts.values())
+    if not total:
+        raise SpecliteError(f"the corpus ({', '.join(map(str, corpus))}) holds no text")
+    ids = maps.most_frequent(counts, size, sorted(eos_ids(model_dir, tokenizer)))
+    maps.save(ids, output_path)
+    covered = sum(counts[i] for i in ids)
+    click.echo(f"{output_path}: {len(ids)} of {len(tokenizer)} tokens, {covered / total:.1%} of the corpus's {total} tokens")
+
+
 cli.add_command(chat)
 cli.add_command(bench)
 cli.add_command(serve)

@@ -184,6 +184,14 @@ class Linear(nn.Linear):
         y = cpu_gemm.matmul(rows, mats)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
+    def rows(self, index: torch.Tensor) -> "Linear":
+        """A Linear of these output rows only (copies: a head over some tokens, FR-Spec's)."""
+        out = Linear(self.in_features, index.shape[0], bias=self.bias is not None, device="meta")
+        out.weight = nn.Parameter(self.weight[index].contiguous(), requires_grad=False)
+        if self.bias is not None:
+            out.bias = nn.Parameter(self.bias[index].contiguous(), requires_grad=False)
+        return out
+
     @staticmethod
     def cpu_matrices(linears) -> cpu_gemm.Matrices | None:
         """The linears (one input) for one AVX2 kernel call (cpu_gemm.module_matrices)."""
@@ -520,7 +528,19 @@ def embed_rows(embed: nn.Module, tokens: torch.Tensor, dtype: torch.dtype) -> to
     return embed(tokens).to(dtype)
 
 
+def over_tokens(logits: torch.Tensor, tokens: torch.Tensor, width: int) -> torch.Tensor:
+    """Logits [..., n] of a head over some tokens only (row i: token tokens[i]) -> [..., width], -inf
+    for every other token: what sampling and argmax read, as if the head covered them all."""
+    full = logits.new_full((*logits.shape[:-1], width), float("-inf"))
+    full[..., tokens] = logits
+    return full
+
+
 class Transformer(nn.Module):
+    # Where the head covers some tokens only (a drafter restricted to a token map, `restricted`):
+    # its rows' token ids, int64, ascending. Its logits come out over the whole vocabulary.
+    vocab_map: torch.Tensor | None = None
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
@@ -533,6 +553,17 @@ class Transformer(nn.Module):
         # Computed outside the meta-device construction, on the model's device.
         inv_freq, self.rope_scale = rope_inv_freq(self.args)
         self.inv_freq = inv_freq.to(device)
+
+    def restricted(self, head: nn.Module, tokens: torch.Tensor) -> "Transformer":
+        """This model with `head`, whose rows are the logits of `tokens` (int64, ascending) only: the
+        same blocks and embedding, shared, so a proposer drafts through a head a fraction of the size
+        while other users of the model keep the whole one."""
+        view = Transformer.__new__(Transformer)
+        nn.Module.__init__(view)
+        view.args, view.model, view.lm_head = self.args, self.model, head
+        view.inv_freq, view.rope_scale, view.checkpoint_dir = self.inv_freq, self.rope_scale, self.checkpoint_dir
+        view.vocab_map = tokens.contiguous()
+        return view
 
     def tie_weights(self):
         if self.args.tie_word_embeddings:
@@ -632,7 +663,7 @@ class Transformer(nn.Module):
         if layers is None or layers.head is None:
             return None
         cos, sin = self.rope(slice(0, cache.max_len), cache.max_len, self.dtype, embed.weight.device)
-        return cpu_layer_ops.Decoder(layers, embed.weight, cache.layers, cos, sin)
+        return cpu_layer_ops.Decoder(layers, embed.weight, cache.layers, cos, sin, self.vocab_map)
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor,
                        cache: KVCache, wants: Wants = NOTHING, span: int | None = None) -> Step:
@@ -698,7 +729,7 @@ class Transformer(nn.Module):
                                                            None if mask is CAUSAL else mask,
                                                            wants.layers, rows, wants.final)
             if head is not None:  # the final norm and the logits came out of the same call
-                return Step(head[1], head[0], layers)
+                return Step(self._whole(head[1]), head[0], layers)
         else:
             if mask is CAUSAL:  # the GPU's attention reads no mask as causal; torch's SDPA needs one built
                 mask = None if gpu_layer_ops.takes(x) else self._mask(start, x.shape[0], x.device, None)
@@ -723,4 +754,8 @@ class Transformer(nn.Module):
             normed = self.model.norm.after_add(x[rows], pending[rows])[1]
         final = normed if wants.final else None
         logits = self.lm_head(normed if num_logits is None else normed[-num_logits:])
-        return Step(logits, final, layers)
+        return Step(self._whole(logits), final, layers)
+
+    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's logits over the whole vocabulary (a restricted head's spread out, over_tokens)."""
+        return logits if self.vocab_map is None else over_tokens(logits, self.vocab_map, self.args.vocab_size)

@@ -9,6 +9,7 @@ from speclite.model import Transformer
 from speclite.model.kv_cache import shared_prefix
 from speclite.sampling import Ahead, row_argmaxes, sample, uniform, warp
 from speclite.speculate.base import Iteration, Proposal, Proposer, RequestContext
+from speclite.speculate import token_map
 from speclite.speculate.registry import Method, register
 
 
@@ -144,7 +145,7 @@ class DraftModelProposer(Proposer):
 
 
 register(Method(
-    "vanilla", lambda ctx: DraftModelProposer(ctx.draft, ctx.max_len, ctx.target_vocab),
+    "vanilla", lambda ctx: DraftModelProposer(token_map.draft_model(ctx), ctx.max_len, ctx.target_vocab),
     "a smaller model of the same tokenizer drafts k tokens (--draft)",
-    needs_draft=True, aliases=("draft_model", "draft"),
+    options=(token_map.TOKEN_MAP,), needs_draft=True, aliases=("draft_model", "draft"),
 ))

@@ -8,8 +8,9 @@ from torch import nn
 
 from speclite.kernels import cpu_gemm, cpu_layer_ops
 from speclite.kernels.dense import HALF
-from speclite.model.decoder import ModelArgs, attended, hooked, rope_inv_freq, rope_rows
+from speclite.model.decoder import ModelArgs, attended, hooked, over_tokens, rope_inv_freq, rope_rows
 from speclite.model.kv_cache import KVCache
+from speclite.speculate import token_map
 
 
 class OneLayerHead(nn.Module):
@@ -20,9 +21,19 @@ class OneLayerHead(nn.Module):
     target_ids: torch.Tensor  # head vocabulary id -> target token id
     normed_state = False  # the next step's state is the norm's output (MiMo's MTP), not the layer's
     zeroes_position_0 = False  # the embedding paired with position 0 is zeroed (MTP, as vLLM does)
+    full_vocab = False  # the head's rows are the target's tokens in order (an MTP module's)
 
     def output_head(self) -> nn.Module:
         return self.lm_head
+
+    def to_target(self, logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
+        """Head-vocabulary logits [..., Vh] -> target-vocabulary logits [..., V] (-inf where the head has no token)."""
+        return logits if self.full_vocab else over_tokens(logits, self.target_ids, target_vocab)
+
+    def restrict_vocab(self, keep: torch.Tensor) -> None:
+        """Draft the tokens of `keep` only (--token-map): the head's rows of them, as its own lm_head."""
+        self.lm_head, self.target_ids = token_map.restrict(self.output_head(), self.target_ids, keep, "the head")
+        self.full_vocab = False
 
     def layer_struct(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
         """The block as a cpu_layer_ops.Layer (reading a state and an embedding) for activations like x,

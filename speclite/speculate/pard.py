@@ -19,6 +19,7 @@ import torch
 from speclite.errors import SpecliteError
 from speclite.model import Transformer
 from speclite.model.loader import read_config
+from speclite.speculate import token_map
 from speclite.speculate.base import Proposal
 from speclite.speculate.draft_model import DraftModelProposer, draw_rows, over_vocab
 from speclite.speculate.registry import BuildContext, Method, Option, register
@@ -71,12 +72,12 @@ def mask_token(option: int | None, draft_dir: Path, draft_vocab: int) -> int:
 
 def _build(ctx: BuildContext) -> ParallelDraftProposer:
     token = mask_token(ctx.options["mask_token_id"], ctx.draft_dir, ctx.draft.args.vocab_size)
-    return ParallelDraftProposer(ctx.draft, ctx.max_len, ctx.target_vocab, token)
+    return ParallelDraftProposer(token_map.draft_model(ctx), ctx.max_len, ctx.target_vocab, token)
 
 
 register(Method(
     "pard", _build, "a PARD parallel draft model proposes all k drafts in one forward from k-1 mask tokens (--draft)",
-    options=(MASK_TOKEN,),
+    options=(MASK_TOKEN, token_map.TOKEN_MAP),
     needs_draft=True, vllm_flag=("vanilla", "parallel_drafting"),
     in_default_sweep=False,  # the default draft of a model is an ordinary one, without a mask token
 ))

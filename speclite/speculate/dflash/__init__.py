@@ -16,6 +16,7 @@ from speclite.speculate.dflash.draft import DFlashDraft
 from speclite.speculate.dflash.load import load_drafter
 from speclite.speculate.dflash.proposer import DFlashProposer
 from speclite.speculate.dflash.save import random_drafter
+from speclite.speculate import token_map
 from speclite.speculate.pard import MASK_TOKEN
 from speclite.speculate.registry import BuildContext, Method, register
 
@@ -35,11 +36,14 @@ def load_draft(draft_dir: str | Path, target, quant: str | None = None, mask_tok
 
 def _build(ctx: BuildContext) -> DFlashProposer:
     draft = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant, ctx.options["mask_token_id"])
-    return DFlashProposer(draft, ctx.target.model.embed_tokens, ctx.target.lm_head, ctx.max_len)
+    keep = token_map.tokens(ctx)
+    head, tokens = (ctx.target.lm_head, None) if keep is None else token_map.restrict(
+        ctx.target.lm_head, None, keep, "the target")
+    return DFlashProposer(draft, ctx.target.model.embed_tokens, head, ctx.max_len, tokens)
 
 
 register(Method(
     "dflash", _build, "a DFlash drafter proposes a block of k drafts in one forward from the target's states (--draft DIR)",
-    options=(MASK_TOKEN,), needs_draft=True, draft_is_model=False, needs_target=True,
+    options=(MASK_TOKEN, token_map.TOKEN_MAP), needs_draft=True, draft_is_model=False, needs_target=True,
     in_default_sweep=False, default_k=lambda proposer: proposer.draft.block_size - 1, random_draft=random_drafter,
 ))

@@ -68,9 +68,11 @@ class DFlashDraft(nn.Module):
         a, p = self.args, self.model.norm.weight  # a norm stays high precision when the linears are quantized
         return KVCache(a.num_layers, a.num_kv_heads, max_len, a.head_dim, p.dtype, p.device)
 
-    def kernel_decoder(self, x: torch.Tensor, cache: KVCache, embed: nn.Module, lm_head: nn.Module) -> tuple | None:
+    def kernel_decoder(self, x: torch.Tensor, cache: KVCache, embed: nn.Module, lm_head: nn.Module,
+                       vocab_map: torch.Tensor | None = None) -> tuple | None:
         """For speclite_dflash_iterations: (the drafter as a C Decoder of activations like x: its layers, its
-        norm with the target's lm_head as the head, the target's embedding, its cache and RoPE rows;
+        norm with the target's lm_head as the head (or its rows of the tokens vocab_map lists), the
+        target's embedding, its cache and RoPE rows;
         each layer's k/v projections; fc; hidden_norm), or None where the kernels do not take all of
         it, or a hook must fire or a gradient flow."""
         body, cache_k = self.model, cache.layers[0][0]
@@ -96,7 +98,7 @@ class DFlashDraft(nn.Module):
             return None
         layers, kv, fuse = found
         cos, sin = rope_rows(self, slice(0, cache.max_len), cache.max_len, x.dtype, x.device)
-        return cpu_layer_ops.Decoder(layers, embed.weight, cache.layers, cos, sin), kv, fuse, body.hidden_norm
+        return cpu_layer_ops.Decoder(layers, embed.weight, cache.layers, cos, sin, vocab_map), kv, fuse, body.hidden_norm
 
     def fuse(self, states: torch.Tensor) -> torch.Tensor:
         """[T, len(target_layers) * H] concatenated target states -> [T, H] context rows."""

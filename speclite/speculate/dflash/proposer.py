@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from speclite.kernels import cpu_layer_ops
+from speclite.model.decoder import over_tokens
 from speclite.model.kv_cache import shared_prefix
 from speclite.model.step import Step, Wants
 from speclite.sampling import Ahead
@@ -26,8 +27,11 @@ from speclite.speculate.draft_model import draw_rows
 class DFlashProposer(Proposer):
     name = "dflash"
 
-    def __init__(self, draft: DFlashDraft, embed: nn.Embedding, lm_head: nn.Module, max_len: int):
-        self.draft, self.embed, self.lm_head = draft, embed, lm_head
+    def __init__(self, draft: DFlashDraft, embed: nn.Embedding, lm_head: nn.Module, max_len: int,
+                 vocab_map: torch.Tensor | None = None):
+        # lm_head: the target's, or (--token-map) its rows of the tokens vocab_map lists, the proposer's own
+        self.draft, self.embed, self.lm_head, self.vocab_map = draft, embed, lm_head, vocab_map
+        self.vocab = embed.num_embeddings
         # The outputs of layer i are the inputs of layer i + 1 (the last one's: Wants' num_layers).
         self.wants = Wants(layers=tuple(sorted({i + 1 for i in draft.target_layers})))
         self.cache = draft.new_cache(max_len)
@@ -38,7 +42,7 @@ class DFlashProposer(Proposer):
         self.waiting: list[Step] = []  # the states of the positions after pending's, not fused yet (catch_up)
 
     def resident(self) -> tuple[list, list]:
-        return [self.draft], [self.cache]
+        return [self.draft] + ([] if self.vocab_map is None else [self.lm_head]), [self.cache]
 
     def reset(self) -> None:
         self.tokens, self.pending, self.waiting = [], self.none, []
@@ -113,7 +117,8 @@ class DFlashProposer(Proposer):
         rows). [] where the pending rows do not reach the last token (the loop's own iteration then)."""
         self.catch_up()
         theirs = target.kernel_decoder(cache)
-        ours = None if theirs is None else self.draft.kernel_decoder(self.pending, self.cache, self.embed, self.lm_head)
+        ours = None if theirs is None else self.draft.kernel_decoder(self.pending, self.cache, self.embed, self.lm_head,
+                                                                     self.vocab_map)
         if ours is None or theirs.dtype != self.pending.dtype:
             return None
         decoder, kv, fuse, norm = ours
@@ -145,4 +150,6 @@ class DFlashProposer(Proposer):
             hidden = self.draft(self.pending[:need], embeds, self.cache)
             self.pending = self.pending[need:]
             logits = self.lm_head(hidden[1:])  # the target's head: the target's vocabulary
+            if self.vocab_map is not None:
+                logits = over_tokens(logits, self.vocab_map, self.vocab)
             return draw_rows(logits, self.ctx)

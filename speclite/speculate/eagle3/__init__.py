@@ -11,6 +11,7 @@ from speclite.speculate.eagle3.head import Eagle3Head
 from speclite.speculate.eagle3.load import load_head
 from speclite.speculate.eagle3.proposer import Eagle3Proposer
 from speclite.speculate.eagle3.save import random_head
+from speclite.speculate import token_map
 from speclite.speculate.eagle_tree import TREE_OPTIONS, check_tree, tree_args
 from speclite.speculate.registry import BuildContext, Method, register
 
@@ -30,12 +31,15 @@ def load_draft(head_dir: str | Path, target, quant: str | None = None) -> Eagle3
 
 def _build(ctx: BuildContext) -> Eagle3Proposer:
     head = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant)
+    keep = token_map.tokens(ctx)
+    if keep is not None:
+        head.restrict_vocab(keep)
     return Eagle3Proposer(head, ctx.target.model.embed_tokens, ctx.max_len, ctx.target_vocab, **tree_args(ctx.options))
 
 
 register(Method(
     "eagle3", _build, "an EAGLE-3 head drafts a chain or a tree from the target's hidden states (--draft HEAD_DIR)",
-    options=TREE_OPTIONS,
+    options=(*TREE_OPTIONS, token_map.TOKEN_MAP),
     needs_draft=True, draft_is_model=False, needs_target=True, check=check_tree, in_default_sweep=False,
     random_draft=random_head,
 ))

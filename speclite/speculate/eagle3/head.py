@@ -88,12 +88,6 @@ class Eagle3Head(OneLayerHead):
         out = self.run_layer(embeds, hidden, positions, cache, mask)
         return self.lm_head(self.model.norm(out)), out
 
-    def to_target(self, draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
-        """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V] (-inf where the head has no token)."""
-        full = draft_logits.new_full((*draft_logits.shape[:-1], target_vocab), float("-inf"))
-        full[..., self.target_ids] = draft_logits
-        return full
-
     def layer_struct(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
         layer = self.model.layers[0]
         if not layer.cpu_layer_applies(x, x) or layer.hidden_norm.weight.dtype != x.dtype:

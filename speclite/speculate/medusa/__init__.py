@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speclite.errors import SpecliteError
+from speclite.speculate import token_map
 from speclite.speculate.medusa.head import MedusaHeads
 from speclite.speculate.medusa.load import load_heads
 from speclite.speculate.medusa.proposer import MedusaProposer
@@ -47,6 +48,9 @@ def _check(options: dict) -> None:
 def _build(ctx: BuildContext) -> MedusaProposer:
     o = ctx.options
     heads = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant)
+    keep = token_map.tokens(ctx)
+    if keep is not None:
+        heads.restrict_vocab(keep)
     tree = parse_tree(o["medusa_tree"]) if o["medusa_tree"] is not None else None
     depth = max(map(len, tree)) if tree else 1
     width = 1 + max(max(p) for p in tree) if tree else o["medusa_topk"]
@@ -64,6 +68,7 @@ register(Method(
                "each head's best token)."),
         Option("medusa_tree", str, None, "Medusa tree: a JSON list of top-k rank paths as in Medusa's "
                "medusa_choices, e.g. [[0],[1],[0,0]], or a file holding one; the first k paths are verified."),
+        token_map.TOKEN_MAP,
     ),
     needs_draft=True, draft_is_model=False, needs_target=True, check=_check, in_default_sweep=False,
     random_draft=random_heads,

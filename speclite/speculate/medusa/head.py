@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speclite.model.decoder import Linear, ModelArgs
+from speclite.model.decoder import Linear, ModelArgs, over_tokens
+from speclite.speculate import token_map
 
 
 class MedusaHead(nn.Module):
@@ -35,13 +36,26 @@ class MedusaHeads(nn.Module):
                                     for _ in range(num_heads)])
         self.shared: list[nn.Module] = []  # the target's lm_head when the heads have none: not a
         # submodule, so --draft-quant and memory reports leave the target's weights alone
+        self.vocab_map: torch.Tensor | None = None  # (--token-map) the tokens of the heads' rows
 
     def __len__(self) -> int:
         return len(self.heads)
+
+    def restrict_vocab(self, keep: torch.Tensor) -> None:
+        """Draft the tokens of `keep` only (--token-map): each head's rows of them; heads sharing the
+        target's lm_head share a copy of its rows (the heads' own weights now: `rows`)."""
+        if self.shared:
+            self.rows, self.vocab_map = token_map.restrict(self.shared[0], None, keep, "the target")
+            self.shared = [self.rows]
+            return
+        for i, head in enumerate(self.heads):
+            head.lm_head, self.vocab_map = token_map.restrict(head.lm_head, None, keep, f"Medusa head {i}")
 
     def forward(self, state: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """Logits [n, ..., V] of the first n heads (all by default) for final states [..., H]."""
         states = [head.blocks(state) for head in self.heads[:n]]
         if self.shared:  # one product over every head's rows
-            return self.shared[0](torch.stack(states))
-        return torch.stack([head.lm_head(x) for head, x in zip(self.heads, states)])
+            logits = self.shared[0](torch.stack(states))
+        else:
+            logits = torch.stack([head.lm_head(x) for head, x in zip(self.heads, states)])
+        return logits if self.vocab_map is None else over_tokens(logits, self.vocab_map, self.args.vocab_size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speclite.errors import SpecliteError
+from speclite.speculate import token_map
 from speclite.speculate.eagle_tree import TREE_OPTIONS, check_tree, tree_args
 from speclite.speculate.mtp.load import load_module
 from speclite.speculate.mtp.module import MTPModule
@@ -38,12 +39,16 @@ def load_draft(module_dir: str | Path | None, target, quant: str | None = None) 
 
 def _build(ctx: BuildContext) -> MTPProposer:
     module = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant)
+    keep = token_map.tokens(ctx)
+    if keep is not None:
+        module.restrict_vocab(keep)
     return MTPProposer(module, ctx.target.model.embed_tokens, ctx.max_len, ctx.target_vocab, **tree_args(ctx.options))
 
 
 register(Method(
     "mtp", _build,
     "the target's multi-token-prediction module drafts a chain or a tree (its checkpoint's, or --draft DIR)",
-    options=TREE_OPTIONS, check=check_tree, draft_is_model=False, draft_optional=True, needs_target=True,
+    options=(*TREE_OPTIONS, token_map.TOKEN_MAP), check=check_tree, draft_is_model=False, draft_optional=True,
+    needs_target=True,
     in_default_sweep=False, random_draft=random_module,
 ))

@@ -55,6 +55,7 @@ class MTPModule(OneLayerHead):
     """The interface Eagle3Proposer drives: new_cache, forward -> (logits, state), to_target, target_ids."""
 
     zeroes_position_0 = True
+    full_vocab = True  # the module predicts over the target's vocabulary itself (unless --token-map restricts it)
 
     def __init__(self, args: ModelArgs, own_head: bool, state_first: bool, normed_state: bool):
         super().__init__()
@@ -93,6 +94,3 @@ class MTPModule(OneLayerHead):
         in_proj = cpu_gemm.module_matrices(x, [layer.eh_proj])
         return None if in_proj is None else layer.build_cpu_layer(
             x, dict(hnorm=layer.hnorm.weight, enorm=layer.enorm.weight, in_proj=in_proj, state_first=layer.state_first))
-
-    def to_target(self, logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
-        return logits  # the module predicts over the target's vocabulary itself

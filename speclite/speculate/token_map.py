@@ -1,0 +1,144 @@
+"""--token-map: a drafter's head over the most frequent tokens only (FR-Spec, arXiv 2502.14856).
+
+A drafter's lm_head over a whole vocabulary is often most of its work: Qwen2.5-0.5B's 151936 x 896
+head is 38% of that draft model's products, an MTP module or a DFlash drafter reads the target's
+whole head (272 MB in bf16 at that shape) for every draft. Token frequencies are long-tailed, so a
+head of the few thousand most frequent tokens proposes nearly the same drafts at a fraction of the
+cost. It stays lossless: the target still verifies every draft, greedy output is plain decoding's,
+and a sampled draft comes from the restricted head's distribution (zero outside the map), which
+rejection sampling accepts like any proposal distribution.
+
+The map is a list of token ids, the format FR-Spec publishes (`freq_32768.pt`: a torch-saved list,
+loaded with weights_only) and SGLang reads (`--speculative-token-map`), or a JSON list;
+`speclite token-map` counts one from a corpus. Methods whose drafter has a head of its own or
+reads the target's take it: vanilla, pard, eagle3 (the map meets its draft vocabulary), mtp, medusa,
+dflash.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from speclite.errors import SpecliteError
+from speclite.model.decoder import Linear
+from speclite.speculate.registry import Option
+
+TOKEN_MAP = Option("token_map", str, None, "FR-Spec: the drafter's head computes only these tokens' logits (a .pt "
+                   "list of ids as FR-Spec publishes, or a JSON list; `speclite token-map` counts one). Lossless.")
+
+
+def load(path: str | Path, vocab: int) -> torch.Tensor:
+    """The map's token ids (int64, ascending, each once), each checked to be a token of `vocab`."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecliteError(f"token map {path} does not exist")
+    try:
+        if path.suffix == ".json":
+            ids = json.loads(path.read_text())
+        else:
+            ids = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same one-line error
+        raise SpecliteError(f"token map {path} is not a readable .pt or .json list of token ids: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if isinstance(ids, torch.Tensor):
+        ids = ids.flatten().tolist() if not ids.is_floating_point() else None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise SpecliteError(f"token map {path} must hold a non-empty list of integer token ids")
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise SpecliteError(f"token map {path} names token {bad}, outside the target's vocabulary of {vocab}")
+    return torch.tensor(sorted(set(ids)), dtype=torch.int64)
+
+
+def restrict(head: nn.Module, head_tokens: torch.Tensor | None, keep: torch.Tensor, what: str
+             ) -> tuple[Linear, torch.Tensor]:
+    """(a head of the rows of `head` whose token is in `keep`, those rows' tokens). head_tokens: each
+    row's token (None: row i is token i)."""
+    if type(head) is not Linear:
+        raise SpecliteError(f"--token-map restricts a dense head: {what}'s is a {type(head).__name__} "
+                            "(quantized); leave the head unquantized")
+    tokens = torch.arange(head.out_features) if head_tokens is None else head_tokens.cpu()
+    rows = torch.isin(tokens, keep).nonzero().flatten()
+    if rows.numel() == 0:
+        raise SpecliteError(f"--token-map: no token of the map is in {what}'s vocabulary")
+    device = head.weight.device
+    return head.rows(rows.to(device)), tokens[rows].to(device)
+
+
+def tokens(ctx) -> torch.Tensor | None:
+    """The --token-map of a method's build context (its tokens), or None without one. A relative path
+    that is not there is looked up in the target's checkpoint directory, then the draft's: a map
+    shipped beside a model is named by its file name (`--token-map freq_32768.pt`)."""
+    given = ctx.options.get("token_map")
+    if given is None:
+        return None
+    path = Path(given)
+    if not path.is_absolute() and not path.exists():
+        beside = [Path(d) / path for d in (ctx.target.checkpoint_dir, ctx.draft_dir) if d is not None]
+        path = next((p for p in beside if p.is_file()), path)
+    return load(path, ctx.target_vocab)
+
+
+def draft_model(ctx):
+    """ctx.draft, or with --token-map a view of it drafting through its head's rows of the map's tokens."""
+    keep = tokens(ctx)
+    if keep is None:
+        return ctx.draft
+    return ctx.draft.restricted(*restrict(ctx.draft.lm_head, None, keep, "the draft model"))
+
+
+def count(tokenizer, texts: Iterable[str]) -> Counter:
+    """How often each token id occurs in the texts, as the tokenizer splits them (no special tokens)."""
+    counts: Counter = Counter()
+    for text in texts:
+        counts.update(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return counts
+
+
+def most_frequent(counts: Counter, size: int, always: Iterable[int] = ()) -> list[int]:
+    """The `size` most frequent ids (ties: the smaller id first), `always` (special tokens such as
+    EOS, which a drafter must be able to propose) among them."""
+    chosen = [i for i in always]
+    for token, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        if len(chosen) >= size:
+            break
+        if token not in chosen:
+            chosen.append(token)
+    return chosen[:size]
+
+
+def corpus_texts(paths: Iterable[Path]) -> Iterable[str]:
+    """Texts of a corpus: a .jsonl file's records' "text" (else "prompt") fields, any other file whole,
+    a directory's files (recursively, in name order)."""
+    for path in paths:
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if file.suffix == ".jsonl":
+                for n, line in enumerate(file.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        raise SpecliteError(f"{file}:{n}: not a JSON record") from None
+                    text = record.get("text", record.get("prompt")) if isinstance(record, dict) else None
+                    if not isinstance(text, str):
+                        raise SpecliteError(f"{file}:{n}: a record needs a \"text\" or \"prompt\" string")
+                    yield text
+            else:
+                yield file.read_text(encoding="utf-8", errors="replace")
+
+
+def save(ids: list[int], path: Path) -> None:
+    """FR-Spec's format: a torch-saved list of ids (.json: a JSON list)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".json":
+        path.write_text(json.dumps(ids))
+    else:
+        torch.save(ids, path)
