@@ -83,6 +83,37 @@ def test_greedy_output_is_plain_decodings_and_no_draft_leaves_the_map(method, pl
         assert (accepted > 0) == (path == frequent), (method, path, accepted)
 
 
+def test_hybrid_passes_the_map_to_its_model_part(plain, tmp_path):
+    """The MTP module drafts inside the map (none of its drafts stands where the map leaves out every
+    token of the outputs) while the n-gram fillers draft freely; output stays plain decoding's."""
+    produced = {t for ids in plain.values() for t in ids}
+    elsewhere = save_map(tmp_path / "elsewhere.pt", sorted(set(range(4096)) - produced))
+    llm = LLM("tiny-code", SpecConfig("hybrid", k=4, draft="tiny-code-mtp",
+                                      options={"token_map": elsewhere, "hybrid_model_steps": 2}))
+    parts = {}
+    for prompt, expected in plain.items():
+        out = llm.generate(prompt, GREEDY)[0]
+        assert out.token_ids == expected, prompt
+        for name, (drafted, stood) in out.stats.parts.items():
+            parts.setdefault(name, [0, 0])[0] += drafted
+            parts[name][1] += stood
+    assert parts["mtp"][0] > 0 and parts["mtp"][1] == 0, parts
+    assert llm.engine.spec.proposer.model.head.lm_head.weight.shape[0] == 4096 - len(produced)
+
+
+@pytest.mark.parametrize("method,kernel", [("eagle3", "head_iterations"), ("mtp", "head_iterations"),
+                                           ("dflash", "dflash_iterations")])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_head_runs_in_one_call_equal_the_iterations_one_by_one(method, kernel, sampled, monkeypatch):
+    """The drafters reading the target's states pick through the map in their C runs as the loop's
+    iterations one by one do (greedy, and rejection sampling)."""
+    for i, k in enumerate((2, 5)):
+        llm = spec_llm(method, k, "freq_1024.pt")
+        warp = SAMPLED_WARPS[i] if sampled else None
+        runs_match(lambda eos, room: run_loop(llm, HELDOUT[i], k, eos, room, warp), type(llm.engine.spec.proposer),
+                   kernel, monkeypatch, 40, (method, k), sampled=sampled)
+
+
 def test_a_map_beside_the_target_is_found_by_its_file_name(plain):
     llm = spec_llm("pard", 4, "freq_1024.pt")
     prompt = HELDOUT[0]

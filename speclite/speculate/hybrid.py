@@ -25,6 +25,7 @@ from speclite.speculate import prompt_lookup, suffix  # noqa: F401  (the fillers
 from speclite.speculate.base import Proposal, Proposer, RequestContext
 from speclite.speculate.eagle3.load import is_head
 from speclite.speculate.mtp.load import holds_module
+from speclite.speculate import token_map
 from speclite.speculate.registry import BuildContext, Method, Option, build_proposer, get_method, method_options, register
 
 MODELS = ("vanilla", "eagle3", "mtp")
@@ -152,6 +153,7 @@ register(Method(
                "lookup (prompt lookup), suffix (suffix matching).", "--hybrid-fill"),
         *get_method("deterministic").options,
         *get_method("suffix").options,
+        token_map.TOKEN_MAP,  # the model part's
     ),
     draft_is_model=lambda options, draft_dir: model_kind(options, draft_dir) == "vanilla",
     draft_optional=True, needs_target=True, check=_check, check_k=_check_k, in_default_sweep=False,

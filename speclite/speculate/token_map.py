@@ -12,7 +12,7 @@ The map is a list of token ids, the format FR-Spec publishes (`freq_32768.pt`: a
 loaded with weights_only) and SGLang reads (`--speculative-token-map`), or a JSON list;
 `speclite token-map` counts one from a corpus. Methods whose drafter has a head of its own or
 reads the target's take it: vanilla, pard, eagle3 (the map meets its draft vocabulary), mtp, medusa,
-dflash.
+dflash, and hybrid's model part.
 """
 
 from __future__ import annotations
