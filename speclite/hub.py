@@ -132,6 +132,34 @@ def download(repo: str, label: str | None = None) -> Path:
         raise SpecliteError(f"model '{name}' ({repo}): download failed: {e}") from None
 
 
+def fetch_file(repo: str, filename: str) -> Path:
+    """One file of a hub repo (a token map FR-Spec publishes beside its heads): the cached copy, else
+    downloaded with huggingface_hub."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    name = f"{repo}/{filename}"
+    try:
+        return Path(hf_hub_download(repo, filename))
+    except LocalEntryNotFoundError:
+        raise SpecliteError(f"'{name}' is not cached and the hub cannot be reached: connect to the network, "
+                            "or pass a local file") from None
+    except GatedRepoError:
+        raise SpecliteError(f"'{name}': {repo} is gated: accept its license on the hub and log in") from None
+    except RepositoryNotFoundError:
+        raise SpecliteError(f"'{name}': no such repository on the hub ({repo})") from None
+    except EntryNotFoundError:
+        raise SpecliteError(f"'{name}': {repo} has no file {filename}") from None
+    except HfHubHTTPError as e:
+        raise SpecliteError(f"'{name}': download failed: {e}") from None
+
+
 def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = None, fetch: bool = True) -> Path:
     """A local model directory for MODEL; downloads a hub model that is not cached when fetch is set."""
     text = str(model)

@@ -269,3 +269,34 @@ def test_medusa_heads_restricted_own_or_shared(layout, tmp_path):
         expected, _ = decode_all(target, prompt, params, None)
         ours, stats = decode_all(target, prompt, params, Speculation(MedusaProposer(part, topk=2), SpecLength(5)))
         assert ours == expected and stats.proposed > 0
+
+
+def test_a_map_on_the_hub_is_read_from_the_cache_and_offline_is_one_line(tmp_path):
+    """`--token-map ORG/NAME/FILE`: huggingface_hub's cached copy (a cache laid out by hand, offline);
+    a map not cached while the hub cannot be reached is a one-line error, exit 1."""
+    import os
+
+    snapshot = tmp_path / "hf" / "hub" / "models--someone--tiny-code-FR-Spec" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    token_map.save(list(range(4096)), snapshot / "freq_4096.pt")
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n')
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+    def generate(name, *flags):
+        return subprocess.run([sys.executable, "-m", "speclite.cli", "generate", "-m", "tiny-code", "-i", str(prompts),
+                               "-o", str(tmp_path / f"{name}.jsonl"), "--max-new-tokens", "12", *flags],
+                              capture_output=True, text=True, env=env)
+
+    plain = generate("plain")
+    cached = generate("cached", "--sp-type", "pard", "--draft", "tiny-code-pard", "--token-map",
+                      "someone/tiny-code-FR-Spec/freq_4096.pt")
+    assert plain.returncode == 0 and cached.returncode == 0, cached.stderr
+    ids = [json.loads((tmp_path / f"{n}.jsonl").read_text())["token_ids"] for n in ("plain", "cached")]
+    assert ids[0] == ids[1]
+    missing = generate("missing", "--sp-type", "pard", "--draft", "tiny-code-pard", "--token-map",
+                       "someone/elsewhere-FR-Spec/freq_4096.pt")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert "is not cached and the hub cannot be reached" in missing.stderr

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from speclite import hub
 from speclite.errors import SpecliteError
 from speclite.model.decoder import Linear
 from speclite.speculate.registry import Option
@@ -73,16 +74,20 @@ def restrict(head: nn.Module, head_tokens: torch.Tensor | None, keep: torch.Tens
 
 def tokens(ctx) -> torch.Tensor | None:
     """The --token-map of a method's build context (its tokens), or None without one. A relative path
-    that is not there is looked up in the target's checkpoint directory, then the draft's: a map
-    shipped beside a model is named by its file name (`--token-map freq_32768.pt`)."""
+    that is not there is looked up in the target's checkpoint directory, then the draft's (a map
+    shipped beside a model is named by its file name: `--token-map freq_32768.pt`), then read as
+    ORG/NAME/FILE on the hub (FR-Spec's: `thunlp/LLaMA3-Instruct-8B-FR-Spec/freq_32768.pt`)."""
     given = ctx.options.get("token_map")
     if given is None:
         return None
     path = Path(given)
     if not path.is_absolute() and not path.exists():
         beside = [Path(d) / path for d in (ctx.target.checkpoint_dir, ctx.draft_dir) if d is not None]
-        path = next((p for p in beside if p.is_file()), path)
-    return load(path, ctx.target_vocab)
+        path = next((p for p in beside if p.is_file()), None)
+        parts = given.split("/")
+        if path is None and len(parts) >= 3 and not given.startswith((".", "~")):
+            path = hub.fetch_file("/".join(parts[:2]), "/".join(parts[2:]))
+    return load(path or given, ctx.target_vocab)
 
 
 def draft_model(ctx):
