@@ -268,7 +268,7 @@ def test_draft_quant_reaches_the_heads_a_method_loads_itself(method, draft):
         models = BenchModels.load("tiny-code", [draft], [None], device="cpu", dtype=torch.float32, draft_quant=quant,
                                   draft_is_model=lambda *_: False)
         runner = Runner(models, [BenchConfig(method, 2, None, draft=draft)], BUILTIN[:1], SamplingParams(max_new_tokens=4))
-        held, _ = runner.proposers[method].resident()
+        held, _ = runner.proposers[method, None].resident()
         return [type(m).__name__ for model in held for m in model.modules() if isinstance(m, QuantLinear)]
 
     assert quantized(None) == []

@@ -300,3 +300,22 @@ def test_a_map_on_the_hub_is_read_from_the_cache_and_offline_is_one_line(tmp_pat
                        "someone/elsewhere-FR-Spec/freq_4096.pt")
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert "is not cached and the hub cannot be reached" in missing.stderr
+
+
+def test_bench_runs_rows_with_and_without_a_map_side_by_side(tmp_path):
+    """`speclite bench --token-map none,FILE`: one row per map for each method that takes one (a proposer
+    each), one row for a method that does not; every output plain decoding's."""
+    from click.testing import CliRunner
+
+    from speclite.cli import cli
+
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench", "-m", "tiny-code", "--sp-type", "pard,suffix", "--k", "2,4",
+                                      "--token-map", "none,freq_1024.pt", "--prompts", "builtin:code",
+                                      "--max-new-tokens", "8", "--threads", "1", "--repeats", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = {r["label"]: r for r in json.loads(out.read_text())["configs"]}
+    assert set(rows) == {"plain", "suffix k=2", "suffix k=4", "pard k=2", "pard k=4", "pard k=2 map=freq_1024.pt",
+                         "pard k=4 map=freq_1024.pt"}
+    assert all(r["same_as_plain"] == r["runs"] for r in rows.values())
+    assert rows["pard k=4 map=freq_1024.pt"]["peak_memory_bytes"] != rows["pard k=4"]["peak_memory_bytes"]

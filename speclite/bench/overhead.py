@@ -87,7 +87,7 @@ def measure(runner: Runner, ks: list[int], n: int, repeats: int) -> list[Overhea
         at = prompt_len + n // 2
         step = time_forward(llm.engine.target, llm.engine.cache, 1, at, vocab, device, repeats * 5)
         results.append(Overhead("plain", 0, _iteration_time(runner, plain, n, 1, repeats), step, 0.0))
-        proposer = runner.proposers["vanilla"]
+        proposer = runner.proposers["vanilla", None]
         assert isinstance(proposer, DraftModelProposer)
         for k in ks:
             config = BenchConfig("vanilla", k, None, "accept_all")

@@ -101,13 +101,13 @@ class Runner:
         self.peak_bytes: dict[str, int] = {}
         # Tokenise once per (quant, prompt): the encoding is not what is being measured.
         self.inputs = {q: [self._encode(llm, p) for p in prompts] for q, llm in models.llms.items()}
-        # One proposer per method, shared by every k and quant (k is asked per iteration), so the
-        # draft's KV cache and its captured CUDA graphs exist once.
+        # One proposer per method (and token map), shared by every k and quant (k is asked per
+        # iteration), so the draft's KV cache and its captured CUDA graphs exist once.
         self.proposers = {}
         self.lengths: dict[BenchConfig, SpecLength] = {}  # each configuration's schedule (_speculation)
         for c in configs:
-            if c.method != "plain" and c.method not in self.proposers:
-                self.proposers[c.method] = self._proposer(c)
+            if c.method != "plain" and c.proposer_key not in self.proposers:
+                self.proposers[c.proposer_key] = self._proposer(c)
         # As an LLM does with its own proposer's, before the first forward: the drafts' weights prepared,
         # then (--static) their steps made fixed-shape.
         prepare(*[m for p in self.proposers.values() for m in p.resident()[0]])
@@ -116,7 +116,7 @@ class Runner:
                 proposer.use_static()
         # A row without --k runs its method's own default k (a DFlash drafter's block size - 1).
         self.configs = [c if c.k is not None else
-                        replace(c, k=spec_length(None, get_method(c.method), self.proposers[c.method]).k)
+                        replace(c, k=spec_length(None, get_method(c.method), self.proposers[c.proposer_key]).k)
                         for c in configs]
 
     @staticmethod
@@ -142,7 +142,7 @@ class Runner:
     def _speculation(self, config: BenchConfig) -> Speculation | None:
         if config.method == "plain":
             return None
-        proposer = self.proposers[config.method]
+        proposer = self.proposers[config.proposer_key]
         cfg = config.spec_config(self.method_options)
         # One schedule per configuration for the whole run (warm-up included), as a session's LLM keeps
         # its own across requests: `auto` learns the machine's costs, not the prompts' answers.
@@ -154,7 +154,7 @@ class Runner:
         """Weights plus preallocated KV caches of the models this configuration uses."""
         llm = self.models.llms[config.quant]
         total = model_bytes(llm.target) + llm.engine.cache.nbytes()
-        proposer = self.proposers.get(config.method)
+        proposer = self.proposers.get(config.proposer_key)
         if proposer is not None:
             models, caches = proposer.resident()
             total += sum(model_bytes(m) for m in models) + sum(c.nbytes() for c in caches)
@@ -193,8 +193,8 @@ class Runner:
             for config in order:
                 # What a method learns across requests comes from this repeat's prompts only: not from
                 # the warm-up or an earlier repeat, which already showed it these very answers.
-                if config.method in self.proposers:
-                    self.proposers[config.method].forget()
+                if config.proposer_key in self.proposers:
+                    self.proposers[config.proposer_key].forget()
                 self.meter.start()
                 for i, p in enumerate(self.prompts):
                     out, seconds = self.run_one(config, i, self.params if self.params.greedy else replace(self.params, seed=i))

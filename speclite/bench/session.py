@@ -20,7 +20,7 @@ from speclite.bench.prompts import load_prompts
 from speclite.bench.report import summarise
 from speclite.bench.roofline import copy_bandwidth, roofline
 from speclite.bench.runner import BenchModels, Runner
-from speclite.bench.sweep import build_sweep, parse_ks, parse_methods, parse_quants
+from speclite.bench.sweep import build_sweep, parse_ks, parse_maps, parse_methods, parse_quants
 from speclite.engine.memory import step_bytes
 from speclite.errors import SpecliteError
 from speclite.model.loader import read_config, resolve_device, resolve_dtype
@@ -141,7 +141,8 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         if missing:
             raise SpecliteError(f"--sp-type {missing[0]} needs a draft: pass --draft (or --synthetic-draft); "
                                 f"models.toml recommends none for it with '{model}'")
-        configs = build_sweep(methods, ks, quants, o.accept_policy, drafts)
+        maps = parse_maps((o.method_options or {}).get("token_map"))  # a list here: rows side by side
+        configs = build_sweep(methods, ks, quants, o.accept_policy, drafts, maps)
         used: dict[str, list[str]] = {}  # draft -> the methods that run with it; each is loaded once
         for m in methods:
             if drafts[m]:

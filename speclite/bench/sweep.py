@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from speclite.api import SpecConfig
 from speclite.errors import SpecliteError
 from speclite.speculate import get_method, method_names, normalize_method
+from speclite.speculate.token_map import TOKEN_MAP
 from speclite.speculate.verify import POLICIES
 
 
@@ -17,20 +19,30 @@ class BenchConfig:
     quant: str | None  # target quantization at load time
     accept_policy: str = "normal"
     draft: str | None = None  # what this row's method drafts with (each method may have its own)
+    token_map: str | None = None  # this row's --token-map (a method that takes one), or none
 
     @property
     def label(self) -> str:
         parts = [self.method if self.method in ("plain", "naive") else f"{self.method} k={self.k}"]
+        if self.token_map:
+            parts.append(f"map={Path(self.token_map).name}")
         if self.quant:
             parts.append(f"[{self.quant}]")
         if self.accept_policy != "normal" and self.method != "plain":
             parts.append(f"({self.accept_policy})")
         return " ".join(parts)
 
+    @property
+    def proposer_key(self) -> tuple[str, str | None]:
+        """Rows of one method and map share a proposer (k is asked per iteration)."""
+        return self.method, self.token_map
+
     def spec_config(self, method_options: dict) -> SpecConfig:
         """The validated SpecConfig of this row; `method_options` may hold other methods' options too."""
         own = {o.name for o in get_method(self.method).options}
         options = {name: value for name, value in method_options.items() if name in own}
+        if TOKEN_MAP.name in own:
+            options[TOKEN_MAP.name] = self.token_map
         return SpecConfig(method=self.method, k=self.k, draft=self.draft, accept_policy=self.accept_policy,
                           options=options).validated()
 
@@ -69,6 +81,13 @@ def parse_methods(text: str) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
+def parse_maps(text: str | None) -> list[str | None]:
+    """--token-map's values in bench: maps, or `none` for a row without one (side by side in one run)."""
+    if not text:
+        return [None]
+    return list(dict.fromkeys(None if m.lower() == "none" else m for m in split_list(text, "--token-map")))
+
+
 def parse_quants(text: str | None) -> list[str | None]:
     if not text:
         return [None]
@@ -76,8 +95,10 @@ def parse_quants(text: str | None) -> list[str | None]:
 
 
 def build_sweep(methods: list[str], ks: list[int | str], quants: list[str | None],
-                accept_policy: str = "normal", drafts: dict[str, str | None] | None = None) -> list[BenchConfig]:
-    """`drafts`: method -> the draft it runs with (none for a method left out)."""
+                accept_policy: str = "normal", drafts: dict[str, str | None] | None = None,
+                maps: list[str | None] = (None,)) -> list[BenchConfig]:
+    """`drafts`: method -> the draft it runs with (none for a method left out); `maps`: the token maps
+    each method that takes one runs with (None: without)."""
     drafts = drafts or {}
     if accept_policy not in POLICIES:
         raise SpecliteError(f"unknown accept policy '{accept_policy}'")
@@ -86,8 +107,9 @@ def build_sweep(methods: list[str], ks: list[int | str], quants: list[str | None
         configs.append(BenchConfig("plain", 0, quant))
         for method in methods:
             fixed_k = get_method(method).fixed_k
-            if fixed_k is not None:  # naive: zero drafts whatever k is, one row measures the spec path's cost
-                configs.append(BenchConfig(method, fixed_k, quant, accept_policy, drafts.get(method)))
-            else:
-                configs.extend(BenchConfig(method, k, quant, accept_policy, drafts.get(method)) for k in ks)
+            takes_map = any(o.name == TOKEN_MAP.name for o in get_method(method).options)
+            for token_map in maps if takes_map else (None,):
+                row = BenchConfig(method, 0, quant, accept_policy, drafts.get(method), token_map)
+                # naive: zero drafts whatever k is, one row measures the spec path's cost
+                configs.extend([replace(row, k=fixed_k)] if fixed_k is not None else [replace(row, k=k) for k in ks])
     return configs
