@@ -109,13 +109,12 @@ def count(tokenizer, texts: Iterable[str]) -> Counter:
 def most_frequent(counts: Counter, size: int, always: Iterable[int] = ()) -> list[int]:
     """The `size` most frequent ids (ties: the smaller id first), `always` (special tokens such as
     EOS, which a drafter must be able to propose) among them."""
-    chosen = [i for i in always]
+    chosen = dict.fromkeys(always)  # ordered, and a set for the test below
     for token, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         if len(chosen) >= size:
             break
-        if token not in chosen:
-            chosen.append(token)
-    return chosen[:size]
+        chosen.setdefault(token)
+    return list(chosen)[:size]
 
 
 def corpus_texts(paths: Iterable[Path]) -> Iterable[str]:
