@@ -94,6 +94,19 @@ def test_a_weight_two_linears_share_is_narrowed_once_and_stays_shared():
     assert a.weight is b.weight and a.weight.dtype == torch.bfloat16 and torch.equal(a.weight.float(), shared)
 
 
+@needs_kernels
+def test_a_view_sharing_a_narrowed_backbone_narrows_its_own_head(bf16_dirs):
+    """A draft model and its token-map view (its own head of some rows, the blocks shared), narrowed in
+    either order in one call, as a bench run with and without the map prepares them: every weight 16-bit."""
+    from speclite.speculate import token_map
+
+    for order in (0, 1):
+        model = load_model(bf16_dirs["untied"], dtype=torch.float32)
+        view = model.restricted(*token_map.restrict(model.lm_head, None, torch.arange(0, 40, 3), "the model"))
+        narrow(*((model, view) if order == 0 else (view, model)))
+        assert all(m.weight.dtype == torch.bfloat16 for m in linears(model) + linears(view)), order
+
+
 def test_without_the_cpu_kernels_nothing_is_narrowed(monkeypatch, bf16_dirs):
     monkeypatch.setattr(cpu_gemm, "available", lambda: False)
     model = load_model(bf16_dirs["untied"], dtype=torch.float32)

@@ -38,7 +38,9 @@ def narrow(*models: nn.Module) -> int:
     for model in models:
         holders: dict[int, list[nn.Module]] = {}  # id of a weight -> the modules holding it
         for m in model.modules():
-            if type(m) in (Linear, nn.Embedding):
+            # A weight already 16-bit was narrowed with another model sharing it (a drafter's view with
+            # a head of its own, speclite.speculate.token_map): the rest of this model is decided alone.
+            if type(m) in (Linear, nn.Embedding) and m.weight.dtype not in HALF:
                 holders.setdefault(id(m.weight), []).append(m)
         weights = [mods[0].weight for mods in holders.values()]
         if not weights or not all(w.device.type == "cpu" and w.dtype == torch.float32 and not w.requires_grad
