@@ -283,7 +283,9 @@ def test_a_map_on_the_hub_is_read_from_the_cache_and_offline_is_one_line(tmp_pat
     (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
     prompts = tmp_path / "in.jsonl"
     prompts.write_text('{"prompt": "def add(a, b):"}\n')
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # HF_HUB_CACHE too: it wins over HF_HOME, and GPTQModel's import sets it in this process (other tests).
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
+           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
     def generate(name, *flags):
         return subprocess.run([sys.executable, "-m", "speclite.cli", "generate", "-m", "tiny-code", "-i", str(prompts),
