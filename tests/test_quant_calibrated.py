@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -89,6 +92,21 @@ def test_gptq_through_gptqmodel_beats_rtn(tmp_path, monkeypatch, sym, act_order)
     held = torch.tensor(tiny_tokenizer()(text[:400])["input_ids"][:48])
     assert rel_err(logits(loaded, held), logits(dense, held)) < 0.2
     assert report.ppl_after == pytest.approx(report.ppl_before, rel=0.1)
+
+
+def test_gptqmodels_import_leaves_the_hugging_face_cache_where_it_was(tmp_path):
+    """GPTQModel's import sets HF_HOME / HF_HUB_CACHE / ... for the process; speclite puts them back (a fresh
+    process: this one may have imported it already)."""
+    pytest.importorskip("gptqmodel")
+    code = ("import os, json; from speclite.quant.gptq import HF_CACHE_ENV, _import_gptqmodel; "
+            "before = {k: os.environ.get(k) for k in HF_CACHE_ENV}; _import_gptqmodel(); "
+            "print(json.dumps([before, {k: os.environ.get(k) for k in HF_CACHE_ENV}]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**env, "HF_HOME": str(tmp_path / "hf")})
+    assert r.returncode == 0, r.stderr
+    before, after = json.loads(r.stdout.strip().splitlines()[-1])
+    assert before == after and after["HF_HOME"] == str(tmp_path / "hf") and after["HF_HUB_CACHE"] is None
 
 
 def test_gptq_without_gptqmodel_is_one_clear_error(tmp_path, monkeypatch):

@@ -35,8 +35,7 @@ def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tenso
     # and writes run logs under ./logs: run it from a scratch directory so the user's cwd stays clean.
     with contextlib.redirect_stdout(sys.stderr), tempfile.TemporaryDirectory() as scratch, _cwd(scratch):
         try:
-            import gptqmodel
-            from gptqmodel import GPTQModel, QuantizeConfig
+            gptqmodel, GPTQModel, QuantizeConfig = _import_gptqmodel()
         except ImportError as e:
             raise SpecliteError(f"--method gptq needs GPTQModel ({e.name or e} is missing): {INSTALL_HINT}") from None
         # offload_to_disk (GPTQModel 7.6's default, pinned here): load() builds the model on
@@ -52,6 +51,26 @@ def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tenso
         model.save(str(out_dir), max_shard_size=shard_bytes)
     _add_from_source(model_dir, out_dir, outside, shard_bytes)
     return gptqmodel.__version__
+
+
+# GPTQModel's import (its tokenizer helper, tokenicer) points these at /tmp for the whole process, so a
+# later download or a child process would use another cache than the user's: they are put back.
+HF_CACHE_ENV = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")
+
+
+def _import_gptqmodel():
+    """(gptqmodel, GPTQModel, QuantizeConfig), the process's Hugging Face cache variables as they were."""
+    saved = {name: os.environ.get(name) for name in HF_CACHE_ENV}
+    try:
+        import gptqmodel
+        from gptqmodel import GPTQModel, QuantizeConfig
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return gptqmodel, GPTQModel, QuantizeConfig
 
 
 def _drop_outside_blocks(model: torch.nn.Module) -> list[tuple[list[str], torch.dtype]]:
