@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tomllib
 from dataclasses import dataclass
@@ -106,36 +107,10 @@ def is_cached(alias: Alias) -> bool:
     return _cached_snapshot(alias.repo) is not None
 
 
-def download(repo: str, label: str | None = None) -> Path:
-    """Fetch a repo's runtime files with huggingface_hub (which draws its own progress bars)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
-
-    name = label or repo
-    try:
-        return Path(snapshot_download(repo, allow_patterns=ALLOW_PATTERNS))
-    except LocalEntryNotFoundError:
-        raise SpecliteError(
-            f"model '{name}' ({repo}) is not cached and the hub cannot be reached: "
-            f"connect to the network and run `speclite pull {name}`, or pass a local model directory"
-        ) from None
-    except GatedRepoError:
-        raise SpecliteError(f"model '{name}' ({repo}) is gated: accept its license on the hub and log in") from None
-    except RepositoryNotFoundError:
-        raise SpecliteError(f"model '{name}': no such repository on the hub ({repo})") from None
-    except HfHubHTTPError as e:
-        raise SpecliteError(f"model '{name}' ({repo}): download failed: {e}") from None
-
-
-def fetch_file(repo: str, filename: str) -> Path:
-    """One file of a hub repo (a token map FR-Spec publishes beside its heads): the cached copy, else
-    downloaded with huggingface_hub."""
-    from huggingface_hub import hf_hub_download
+@contextlib.contextmanager
+def _hub_errors(what: str, repo: str, offline: str):
+    """huggingface_hub's failures as one line about `what` (from `repo`); `offline` says the way out
+    when the hub cannot be reached."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -144,20 +119,37 @@ def fetch_file(repo: str, filename: str) -> Path:
         RepositoryNotFoundError,
     )
 
-    name = f"{repo}/{filename}"
     try:
-        return Path(hf_hub_download(repo, filename))
-    except LocalEntryNotFoundError:
-        raise SpecliteError(f"'{name}' is not cached and the hub cannot be reached: connect to the network, "
-                            "or pass a local file") from None
-    except GatedRepoError:
-        raise SpecliteError(f"'{name}': {repo} is gated: accept its license on the hub and log in") from None
+        yield
+    except LocalEntryNotFoundError:  # (an EntryNotFoundError: first)
+        raise SpecliteError(f"{what} is not cached and the hub cannot be reached: {offline}") from None
+    except GatedRepoError:  # (a RepositoryNotFoundError: first)
+        raise SpecliteError(f"{what} is gated: accept its license on the hub and log in") from None
     except RepositoryNotFoundError:
-        raise SpecliteError(f"'{name}': no such repository on the hub ({repo})") from None
+        raise SpecliteError(f"{what}: no such repository on the hub ({repo})") from None
     except EntryNotFoundError:
-        raise SpecliteError(f"'{name}': {repo} has no file {filename}") from None
+        raise SpecliteError(f"{what}: no such file in {repo}") from None
     except HfHubHTTPError as e:
-        raise SpecliteError(f"'{name}': download failed: {e}") from None
+        raise SpecliteError(f"{what}: download failed: {e}") from None
+
+
+def download(repo: str, label: str | None = None) -> Path:
+    """Fetch a repo's runtime files with huggingface_hub (which draws its own progress bars)."""
+    from huggingface_hub import snapshot_download
+
+    name = label or repo
+    with _hub_errors(f"model '{name}' ({repo})", repo,
+                     f"connect to the network and run `speclite pull {name}`, or pass a local model directory"):
+        return Path(snapshot_download(repo, allow_patterns=ALLOW_PATTERNS))
+
+
+def fetch_file(repo: str, filename: str) -> Path:
+    """One file of a hub repo (a token map FR-Spec publishes beside its heads): the cached copy, else
+    downloaded with huggingface_hub."""
+    from huggingface_hub import hf_hub_download
+
+    with _hub_errors(f"'{repo}/{filename}'", repo, "connect to the network, or pass a local file"):
+        return Path(hf_hub_download(repo, filename))
 
 
 def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = None, fetch: bool = True) -> Path:

@@ -321,3 +321,24 @@ def test_bench_runs_rows_with_and_without_a_map_side_by_side(tmp_path):
                          "pard k=4 map=freq_1024.pt"}
     assert all(r["same_as_plain"] == r["runs"] for r in rows.values())
     assert rows["pard k=4 map=freq_1024.pt"]["peak_memory_bytes"] != rows["pard k=4"]["peak_memory_bytes"]
+
+
+@pytest.mark.parametrize("error, says", [("LocalEntryNotFoundError", " is not cached and the hub cannot be reached: "),
+                                         ("GatedRepoError", " is gated: accept its license"),
+                                         ("RepositoryNotFoundError", ": no such repository on the hub (org/name)"),
+                                         ("EntryNotFoundError", ": no such file in org/name")])
+def test_hub_failures_are_one_line_for_a_model_and_for_a_file(error, says, monkeypatch):
+    import httpx
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    from speclite import hub
+
+    response = httpx.Response(404, request=httpx.Request("GET", "https://huggingface.co"))
+    exc = getattr(errors, error)("x", **({"response": response} if error in ("GatedRepoError", "RepositoryNotFoundError") else {}))
+    for call, target, what in ((lambda: hub.download("org/name"), "snapshot_download", "model 'org/name' (org/name)"),
+                               (lambda: hub.fetch_file("org/name", "f.pt"), "hf_hub_download", "'org/name/f.pt'")):
+        monkeypatch.setattr(huggingface_hub, target, lambda *a, **k: (_ for _ in ()).throw(exc))
+        with pytest.raises(SpecliteError) as e:
+            call()
+        assert str(e.value).startswith(what + says) and "\n" not in str(e.value), str(e.value)
