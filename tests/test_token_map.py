@@ -265,10 +265,13 @@ def test_medusa_heads_restricted_own_or_shared(layout, tmp_path):
     torch.testing.assert_close(restricted[..., keep], full[..., keep], rtol=1e-5, atol=1e-5)
     assert torch.isneginf(restricted).sum() == restricted.shape[0] * (vocab - keep.numel())
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
-    for prompt in ([1, 5, 9], [7, 3, 3, 8, 2]):
-        expected, _ = decode_all(target, prompt, params, None)
-        ours, stats = decode_all(target, prompt, params, Speculation(MedusaProposer(part, topk=2), SpecLength(5)))
-        assert ours == expected and stats.proposed > 0
+    quantized = load_draft(tmp_path / "heads", target, "int4", keep)  # own heads: restricted, then quantized
+    assert layout != "medusa" or all(type(h.lm_head).__name__ == "Int4Linear" for h in quantized.heads)
+    for heads in (part, quantized):
+        for prompt in ([1, 5, 9], [7, 3, 3, 8, 2]):
+            expected, _ = decode_all(target, prompt, params, None)
+            ours, stats = decode_all(target, prompt, params, Speculation(MedusaProposer(heads, topk=2), SpecLength(5)))
+            assert ours == expected and stats.proposed > 0
 
 
 def test_a_map_on_the_hub_is_read_from_the_cache_and_offline_is_one_line(tmp_path):

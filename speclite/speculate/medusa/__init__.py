@@ -21,14 +21,18 @@ from speclite.speculate.registry import BuildContext, Method, Option, register
 __all__ = ["MedusaHeads", "MedusaProposer", "load_draft", "load_heads"]
 
 
-def load_draft(head_dir: str | Path, target, quant: str | None = None) -> MedusaHeads:
-    """The heads for `target` (its device and dtype); --draft-quant quantizes each head's own lm_head
-    (heads using the target's leave it as the target has it)."""
+def load_draft(head_dir: str | Path, target, quant: str | None = None, keep=None) -> MedusaHeads:
+    """The heads for `target` (its device and dtype), over the tokens of `keep` only where given
+    (--token-map); --draft-quant then quantizes each head's own lm_head (heads using the target's
+    leave it as the target has it)."""
     device, dtype = target.model.norm.weight.device, target.dtype  # the activations' (a table may be 16-bit)
     heads = load_heads(head_dir, target.args, device, dtype)
-    if heads.heads[0].lm_head is None:
+    own = heads.heads[0].lm_head is not None
+    if not own:
         heads.shared.append(target.lm_head)
-    elif quant:
+    if keep is not None:
+        heads.restrict_vocab(keep)
+    if own and quant:
         from speclite.quant import quantize_lm_head
 
         for head in heads.heads:
@@ -47,10 +51,7 @@ def _check(options: dict) -> None:
 
 def _build(ctx: BuildContext) -> MedusaProposer:
     o = ctx.options
-    heads = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant)
-    keep = token_map.tokens(ctx)
-    if keep is not None:
-        heads.restrict_vocab(keep)
+    heads = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant, token_map.tokens(ctx))
     tree = parse_tree(o["medusa_tree"]) if o["medusa_tree"] is not None else None
     depth = max(map(len, tree)) if tree else 1
     width = 1 + max(max(p) for p in tree) if tree else o["medusa_topk"]
