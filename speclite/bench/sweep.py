@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from speclite.api import SpecConfig
@@ -106,10 +106,9 @@ def build_sweep(methods: list[str], ks: list[int | str], quants: list[str | None
     for quant in quants:
         configs.append(BenchConfig("plain", 0, quant))
         for method in methods:
-            fixed_k = get_method(method).fixed_k
-            takes_map = any(o.name == TOKEN_MAP.name for o in get_method(method).options)
-            for token_map in maps if takes_map else (None,):
-                row = BenchConfig(method, 0, quant, accept_policy, drafts.get(method), token_map)
-                # naive: zero drafts whatever k is, one row measures the spec path's cost
-                configs.extend([replace(row, k=fixed_k)] if fixed_k is not None else [replace(row, k=k) for k in ks])
+            m = get_method(method)
+            # naive: zero drafts whatever k is, one row measures the spec path's cost
+            for token_map in maps if TOKEN_MAP in m.options else (None,):
+                configs.extend(BenchConfig(method, k, quant, accept_policy, drafts.get(method), token_map)
+                               for k in ([m.fixed_k] if m.fixed_k is not None else ks))
     return configs

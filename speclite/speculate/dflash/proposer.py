@@ -31,7 +31,6 @@ class DFlashProposer(Proposer):
                  vocab_map: torch.Tensor | None = None):
         # lm_head: the target's, or (--token-map) its rows of the tokens vocab_map lists, the proposer's own
         self.draft, self.embed, self.lm_head, self.vocab_map = draft, embed, lm_head, vocab_map
-        self.vocab = embed.num_embeddings
         # The outputs of layer i are the inputs of layer i + 1 (the last one's: Wants' num_layers).
         self.wants = Wants(layers=tuple(sorted({i + 1 for i in draft.target_layers})))
         self.cache = draft.new_cache(max_len)
@@ -151,5 +150,5 @@ class DFlashProposer(Proposer):
             self.pending = self.pending[need:]
             logits = self.lm_head(hidden[1:])  # the target's head: the target's vocabulary
             if self.vocab_map is not None:
-                logits = over_tokens(logits, self.vocab_map, self.vocab)
+                logits = over_tokens(logits, self.vocab_map, self.embed.num_embeddings)
             return draw_rows(logits, self.ctx)
