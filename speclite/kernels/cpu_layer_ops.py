@@ -212,9 +212,9 @@ def chain(decoder: Decoder, token: int, start: int, vocab: int, steps: int, warp
           uniforms: torch.Tensor | None = None, wants: tuple[int, ...] = (), final: bool = False):
     """`steps` tokens after `token`, in one call and one thread team: the token embedded and run
     through the whole model (a Decoder) at cache position start, the pick from its first `vocab`
-    logits (its token through the decoder's vocab_map, where set) fed at start + 1, and so on; the cache gains `steps` entries. The pick is the argmax, or
-    with `warp` (a cpu_sampling.Warp) the draw with uniforms[i] (float32 [steps]) from the logits'
-    warp. The tokens k single decoder_layers steps and the loop's picks would give, {i: layer i's
+    logits (its token through the decoder's vocab_map, where set) fed at start + 1, and so on; the
+    cache gains `steps` entries. The pick is the argmax, or with `warp` (a cpu_sampling.Warp) the draw
+    with uniforms[i] (float32 [steps]) from the logits' warp. The tokens k single decoder_layers steps and the loop's picks would give, {i: layer i's
     inputs [steps, H]} for i in `wants` (as decoder_layers'), and the final normed states [steps, H]
     where `final` (else None), row r the r-th token fed (`token`, then the picks but the last)."""
     tokens = (ctypes.c_int * steps)()

@@ -522,7 +522,8 @@ void speclite_decoder_layers(const Layer *const *layers, int n, const void *x, c
 // layer's outputs), and normed [steps, H], where not null, the final normed states.
 void speclite_chain(const Layer *const *layers, int n, const Head *head, const void *embed, int edt, int token,
                     void *const *caches_k, void *const *caches_v, int dt, const void *cos, const void *sin, int max_len,
-                    int start, float scale, int vocab, const int64_t *vocab_map, const Warp *warp, const float *uniforms, int steps, int *tokens,
+                    int start, float scale, int vocab, const int64_t *vocab_map, const Warp *warp,
+                    const float *uniforms, int steps, int *tokens,
                     void *const *states, void *normed, int threads) {
     Model model{layers, n, head, layer_buffers, scratch, layer_states};
     model.reserve(1, 1, dt);
@@ -611,13 +612,14 @@ void speclite_embed(const void *table, int edt, const int64_t *ids, int n, int H
 //     forwards); its cache keeps the fed drafts that stand.
 // The target reads `token` and the drafts at t_len... Greedy (warp null): a draft is the argmax of its
 // row's first d_vocab logits (its token through draft->vocab_map where set); drafts stand while they
-// equal the target's argmax at the row before, and the target's token after them comes next. Sampled: a draft is drawn (sampling.h) from its row's
-// warp over the target's vocabulary (the draft's logits cut to it, or padded with -inf) and the
-// target's rows are warped too; the drafts stand and the next token is drawn as `rejection` decides
-// (sampling.h, the loop's rejection sampling of a chain), the uniforms taken in the loop's order: the
-// k drafts', the k acceptances', the next token's. The stood drafts plus that token are the
-// iteration's new tokens (those the draft has not read are the next `unseen`; the last one the next
-// `token`). The target's cache keeps its stood rows' entries (t_len advances past them).
+// equal the target's argmax at the row before, and the target's token after them comes next. Sampled:
+// a draft is drawn (sampling.h) from its row's warp over the target's vocabulary (the draft's logits
+// cut to it, or padded with -inf) and the target's rows are warped too; the drafts stand and the next
+// token is drawn as `rejection` decides (sampling.h, the loop's rejection sampling of a chain), the
+// uniforms taken in the loop's order: the k drafts', the k acceptances', the next token's. The stood
+// drafts plus that token are the iteration's new tokens (those the draft has not read are the next
+// `unseen`; the last one the next `token`). The target's cache keeps its stood rows' entries (t_len
+// advances past them).
 // k shrinks to fit both caches and `room` new tokens, at least one left to the target; the call
 // stops where that leaves no draft, after an iteration whose new tokens hold one of eos[0..n_eos),
 // once budget_ns have passed, or where fewer than 2k + 1 of the n_uniforms are left. Out: the new
