@@ -35,6 +35,7 @@ def narrow_transformer(name: str, **overrides) -> Transformer:
     in overrides, random weights (seed 0), on the CPU: the family's code at a size that runs in a moment."""
     torch.manual_seed(0)
     model = Transformer(ModelArgs.from_hf(synthetic_config(name) | overrides)).eval()
+    nn.init.normal_(model.model.embed_tokens.weight)  # built undrawn (Backbone)
     model.init_rope("cpu")
     return model
 

@@ -1,5 +1,8 @@
 """Our decoder's logits against transformers' own implementation of each family."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import CONFIGS, save_model
@@ -183,3 +186,13 @@ def test_static_steps_read_the_cache_up_to_their_span(model_dirs, monkeypatch):
                         + [static(ids[14:19], static_cache), static(ids[19:40], static_cache)])
     assert spans == [8, 8, 8, 16, 16, 16, 16, 16, 16, 32]  # 40 tokens at once: the dynamic forward
     assert got.isfinite().all() and (got - expected).abs().max() <= 1e-4
+
+
+def test_loading_a_model_leaves_torch_compiler_unimported(model_dirs):
+    # Every CLI command starts by loading a model: torch._dynamo's import alone is about 1.5 s of it.
+    # A fresh process, since the test session itself may have imported it.
+    code = ("import sys; from speclite.model import load_model; "
+            f"load_model({str(model_dirs['qwen2'])!r}, device='cpu'); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
