@@ -24,7 +24,10 @@ vs Q4_0, int4/int4 (head too) vs Q4_0
 --depth N for a longer context, where attention weighs more),
 prefill = pp128 (llama-bench -p 128). Then the embedded pair (tiny-code + tiny-code-draft): plain
 decoding against llama-bench, and each speculative method (PAIR_METHODS, with its trained draft)
-against llama-speculative (--spec-draft-n-max 4) on the pair as GGUF f32 (--pair-only: just these;
+against llama-speculative (--spec-draft-n-max 4) on the pair as GGUF f32, and against llama.cpp's own
+draft-model and EAGLE-3 speculation (llama-speculative-simple --spec-type, LLAMA_PAIR_METHODS) on
+the same drafts converted (the target as a Llama-architecture GGUF there, see target_for_llamacpp_drafters)
+and its n-gram speculation (--pair-only: just these;
 --temperature T: both sides sample at T, llama.cpp's other samplers off; speclite's plain row then
 samples too, llama-bench's does not sample). Each round runs every contestant once; the median over --rounds is printed, with the CPU
 model, its ISA flags and the measured copy bandwidth. Run it on an idle machine: the numbers are
@@ -54,11 +57,12 @@ from speclite.engine.loop import Request, decode
 from speclite.sampling import SamplingParams
 from speclite.model import arena, load_model
 from speclite.quant import quantize_model
+from speclite.speculate.eagle3.load import parse_config as parse_eagle3_config
 from speclite.synthetic import build_synthetic, synthetic_config
 
 VERSION = "0.3.36"
 CACHE = Path(os.environ.get("SPECLITE_CACHE_DIR", Path.home() / ".cache" / "speclite")) / "llamacpp"
-TARGETS = ["llama-bench", "llama-speculative", "llama-quantize"]
+TARGETS = ["llama-bench", "llama-speculative", "llama-speculative-simple", "llama-quantize"]
 # (speclite --quant, llama.cpp GGUF) at equal bits; None = the model's own bf16.
 # int4 groups of 64 with an fp16 scale and a uint8 zero: 4.375 bits per weight, Q4_0's 4.5 the nearest.
 INT4_GROUP = 64
@@ -71,7 +75,15 @@ PAIR_PROMPT = "def binary_search(items, target):\n    lo, hi = 0, len(items) - 1
 PAIR_METHODS = [("vanilla k=4", {"method": "vanilla", "num_speculative_tokens": 4}),
                 ("pard k=4", {"method": "pard", "model": "tiny-code-pard", "num_speculative_tokens": 4}),
                 ("dflash", {"method": "dflash", "model": "tiny-code-dflash"}),
-                ("eagle3 k=4", {"method": "eagle3", "model": "tiny-code-eagle3", "num_speculative_tokens": 4})]
+                ("eagle3 k=4", {"method": "eagle3", "model": "tiny-code-eagle3", "num_speculative_tokens": 4}),
+                ("suffix", {"method": "suffix"})]
+# llama.cpp's own methods (llama-speculative-simple --spec-type) on the same drafts: label, type, drafter
+# (None: n-grams of the text so far), drafts at most, speclite's row of the same kind. Not DFlash: this
+# build's DFlash reads the inputs of target layers only, and tiny-code-dflash reads the last layer's
+# output (target_layer_ids 1, 3, 5 of 6 layers; llama.cpp asserts).
+LLAMA_PAIR_METHODS = [("draft model k=4", "draft-simple", "tiny-code-draft", 4, "vanilla k=4"),
+                      ("eagle3 k=4", "draft-eagle3", "tiny-code-eagle3", 4, "eagle3 k=4"),
+                      ("n-grams", "ngram-mod", None, 4, "suffix")]
 
 
 # ---- llama.cpp: build and convert ----------------------------------------------------------
@@ -119,12 +131,13 @@ sys.path[:0] = [{source!r}, {source!r} + "/gguf-py"]
 import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
 import convert_hf_to_gguf
-sys.argv = ["convert_hf_to_gguf.py", {model!r}, "--outtype", {outtype!r}, "--outfile", {out!r}]
+sys.argv = ["convert_hf_to_gguf.py", {model!r}, "--outtype", {outtype!r}, "--outfile", {out!r}, *{target!r}]
 convert_hf_to_gguf.main()
 """
 
 
-def gguf(source: Path, bins: Path, model: Path, kind: str) -> Path:
+def gguf(source: Path, bins: Path, model: Path, kind: str, target: Path | None = None) -> Path:
+    """`target`: the model a drafter (EAGLE-3, DFlash) serves, whose tokenizer and config the converter reads."""
     out = CACHE / "gguf" / f"{model.name}-{kind}.gguf"
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
@@ -134,9 +147,41 @@ def gguf(source: Path, bins: Path, model: Path, kind: str) -> Path:
                str(gguf(source, bins, model, "f16")), str(out), "q4_0"]
         subprocess.run(cmd, check=True, capture_output=True)
         return out
-    code = CONVERT.format(source=str(source), model=str(model), outtype=kind, out=str(out))
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    code = CONVERT.format(source=str(source), model=str(model), outtype=kind, out=str(out),
+                          target=["--target-model-dir", str(target)] if target else [])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"converting {model} to GGUF failed: {done.stderr[-2000:]}")
     return out
+
+
+def staged(model: Path, name: str, config: dict) -> Path:
+    """A directory named `name` holding `config` and links to every other file of `model`."""
+    out = CACHE / "staged" / name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for f in model.iterdir():
+        if f.name != "config.json" and not (out / f.name).exists():
+            (out / f.name).symlink_to(f.resolve())
+    return out
+
+
+def eagle3_for_llamacpp(head: Path) -> Path:
+    """The EAGLE-3 head as llama.cpp's converter reads it: the aux layer ids at the config's top level,
+    counted as the inputs of those target layers (llama.cpp's convention and speclite's parsed one);
+    the converter reads the top-level key only, and would otherwise take its default layers."""
+    cfg = json.loads((head / "config.json").read_text())
+    aux = parse_eagle3_config(cfg, str(head)).aux_layers
+    return staged(head, head.name, cfg | ({"eagle_aux_hidden_state_layer_ids": list(aux)} if aux is not None else {}))
+
+
+def target_for_llamacpp_drafters(target: Path) -> Path:
+    """The pair's Qwen2 target as a Llama-architecture checkpoint: the same function (Llama's graph takes
+    the q/k/v biases; the converter permutes q/k for its rotation), but in this llama.cpp build only
+    some architectures' graphs hand their layers' inputs to an EAGLE-3 or DFlash drafter, Llama's among
+    them and Qwen2's not."""
+    cfg = json.loads((target / "config.json").read_text())
+    return staged(target, f"{target.name}-as-llama", cfg | {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
 
 
 # ---- measurements --------------------------------------------------------------------------
@@ -187,6 +232,24 @@ def llama_speculative(bins: Path, target: Path, draft: Path, threads: int, k: in
     return float(found.group(1))
 
 
+def llama_speculative_simple(bins: Path, target: Path, draft: Path | None, spec_type: str, threads: int, k: int, n: int,
+                             temperature: float) -> tuple[float, float]:
+    """(tok/s, drafts accepted / drafted) of llama.cpp's speculation of `spec_type` (its common_speculative:
+    a draft model, EAGLE-3, DFlash, ...), sampling as llama_speculative's."""
+    sampling = (["--temp", "0", "--top-k", "1"] if temperature == 0 else
+                ["--temp", str(temperature), "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0", "--seed", "1"])
+    done = subprocess.run([str(bins / "llama-speculative-simple"), "-m", str(target), *(["-md", str(draft)] if draft else []),
+                           "--spec-type", spec_type, "-p", PAIR_PROMPT, "-n", str(n), "--spec-draft-n-max", str(k),
+                           "--spec-draft-n-min", "0", "-t", str(threads), "-td", str(threads), *sampling, "-c", "512"],
+                          capture_output=True, text=True)
+    out = done.stderr + done.stdout
+    speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", out)
+    drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", out), re.search(r"n_accept\s*=\s*(\d+)", out)
+    if speed is None or drafted is None or accepted is None:
+        raise RuntimeError(f"llama-speculative-simple --spec-type {spec_type} failed: {out[-2000:]}")
+    return float(speed.group(1)), int(accepted.group(1)) / max(int(drafted.group(1)), 1)
+
+
 def speclite_decode(model, prompt: list[int], n: int) -> float:
     cache = model.new_cache(len(prompt) + n + 8)
     request = Request(prompt, SamplingParams(max_new_tokens=n, ignore_eos=True))
@@ -208,14 +271,17 @@ def speclite_prefill(model, prompt: list[int]) -> float:
     return len(prompt) / (time.perf_counter() - start)
 
 
-def speclite_generate(llm: LLM, n: int, temperature: float) -> float:
+def speclite_generate(llm: LLM, n: int, temperature: float) -> tuple[float, float]:
+    """(tok/s, drafts accepted / drafted)."""
     # A short run first, as llama-bench and llama-speculative warm up before they time: each LLM here
     # holds its own copy of the pair (23 MB of f32), which the other contestants push out of the L3.
     llm.generate(PAIR_PROMPT, SamplingParams(max_new_tokens=8, ignore_eos=True))
+    if llm.engine.spec is not None:  # suffix decoding starts each run without the answers of the runs before
+        llm.engine.spec.proposer.forget()
     params = SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=temperature, seed=1)
     start = time.perf_counter()
     out = llm.generate(PAIR_PROMPT, params)[0]
-    return len(out.token_ids) / (time.perf_counter() - start)
+    return len(out.token_ids) / (time.perf_counter() - start), out.stats.accepted / max(out.stats.proposed, 1)
 
 
 # ---- the machine ---------------------------------------------------------------------------
@@ -294,7 +360,12 @@ def main():
     pair = None
     if not args.skip_pair:
         draft_dir = hub.resolve("tiny-code-draft")
-        pair = {"target": gguf(source, bins, pair_dir, "f32"), "draft": gguf(source, bins, draft_dir, "f32"),
+        pair = {"target": gguf(source, bins, pair_dir, "f32"),
+                "as llama": gguf(source, bins, target_for_llamacpp_drafters(pair_dir), "f32"),
+                "drafters": {"tiny-code-draft": gguf(source, bins, draft_dir, "f32"),
+                             "tiny-code-eagle3": gguf(source, bins, eagle3_for_llamacpp(hub.resolve("tiny-code-eagle3")),
+                                                      "f32", pair_dir),
+                             None: None},
                 "plain": LLM("tiny-code", device="cpu"),
                 **{label: LLM("tiny-code", device="cpu", speculative_config=config) for label, config in PAIR_METHODS}}
 
@@ -318,12 +389,19 @@ def main():
             record(f"{label}/speclite/prefill", speclite_prefill(models[label], prompt128))
             record(f"{label}/llama/prefill", llama_bench(bins, ggufs[kind], args.threads, "prefill"))
         if pair:
-            record("pair/speclite/plain", speclite_generate(pair["plain"], 128, args.temperature))
+            record("pair/speclite/plain", speclite_generate(pair["plain"], 128, args.temperature)[0])
             record("pair/llama/plain", llama_bench(bins, pair["target"], args.threads, "decode"))
             for label, _ in PAIR_METHODS:
-                record(f"pair/speclite/{label}", speclite_generate(pair[label], 128, args.temperature))
-            record("pair/llama/speculative", llama_speculative(bins, pair["target"], pair["draft"], args.threads, 4, 128,
-                                                               args.temperature))
+                speed, rate = speclite_generate(pair[label], 128, args.temperature)
+                record(f"pair/speclite/{label}", speed)
+                record(f"pair/speclite/{label}/accepted", rate)
+            record("pair/llama/speculative", llama_speculative(bins, pair["target"], pair["drafters"]["tiny-code-draft"],
+                                                               args.threads, 4, 128, args.temperature))
+            for label, spec_type, drafter, k, _ in LLAMA_PAIR_METHODS:
+                speed, rate = llama_speculative_simple(bins, pair["as llama"], pair["drafters"][drafter], spec_type,
+                                                       args.threads, k, 128, args.temperature)
+                record(f"pair/llama/{label}", speed)
+                record(f"pair/llama/{label}/accepted", rate)
         print(f"round {r + 1}/{args.rounds} done", flush=True)
 
     m = {key: median(v) for key, v in results.items()}
@@ -362,6 +440,20 @@ def main():
         for label, _ in PAIR_METHODS:
             s = m[f"pair/speclite/{label}"]
             print(f"| {label} vs llama-speculative --spec-draft-n-max 4 | {s:.0f} | {ll:.0f} | {s / ll:.2f} |")
+        print("\nllama.cpp's own methods (llama-speculative-simple --spec-type, the same drafts converted), each "
+              "against speclite's row of the same method:\n")
+        print("| method | speclite tok/s | llama.cpp tok/s | ratio | drafts accepted: speclite, llama.cpp |")
+        print("|---|---|---|---|---|")
+        for label, spec_type, _, k, ours in LLAMA_PAIR_METHODS:
+            s, ll = m[f"pair/speclite/{ours}"], m[f"pair/llama/{label}"]
+            print(f"| {ours} vs {spec_type} --spec-draft-n-max {k} | {s:.0f} | {ll:.0f} | {s / ll:.2f} "
+                  f"| {m[f'pair/speclite/{ours}/accepted']:.0%}, {m[f'pair/llama/{label}/accepted']:.0%} |")
+        best = max(PAIR_METHODS, key=lambda method: m[f"pair/speclite/{method[0]}"])[0]
+        theirs = max([("llama-speculative", m["pair/llama/speculative"])]
+                     + [(spec_type, m[f"pair/llama/{label}"]) for label, spec_type, *_ in LLAMA_PAIR_METHODS],
+                     key=lambda t: t[1])
+        print(f"\nbest against best: speclite {best} {m[f'pair/speclite/{best}']:.0f} tok/s, llama.cpp {theirs[0]} "
+              f"{theirs[1]:.0f} tok/s: {m[f'pair/speclite/{best}'] / theirs[1]:.2f}x")
 
 
 if __name__ == "__main__":
