@@ -27,7 +27,7 @@ import torch
 
 import speclite
 from speclite import hub
-from speclite.api import load_tokenizer
+from speclite.model.tokenizer import load_tokenizer
 from speclite.sampling import SamplingParams, make_generator
 from speclite.model import load_model
 from speclite.speculate.base import RequestContext

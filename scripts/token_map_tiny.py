@@ -9,7 +9,8 @@ from pathlib import Path
 
 from train_tiny import load_corpus
 
-from speclite.api import eos_ids, load_tokenizer
+from speclite.api import eos_ids
+from speclite.model.tokenizer import load_tokenizer
 from speclite.speculate import token_map
 
 ASSET = Path(__file__).resolve().parent.parent / "speclite" / "assets" / "tiny-code"

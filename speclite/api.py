@@ -21,7 +21,8 @@ from speclite.model import Transformer, load_model
 from speclite.model.loader import resolve_device, resolve_dtype
 from speclite.model.prepare import prepare
 from speclite.model.static import StaticDecoder
-from speclite.model.validate import check_model_files, context_length
+from speclite.model.tokenizer import load_tokenizer
+from speclite.model.validate import context_length
 from speclite.request import check_extra_config, check_prompt
 from speclite.speculate import BuildContext, build_proposer, get_method
 from speclite.speculate.registry import NONE, all_options, method_options, normalize_method, vllm_flags, vllm_method
@@ -70,16 +71,6 @@ class SpecConfig:
         check_names(self.verify, self.accept_policy)
         options = method_options(method, self.options, k) if method != NONE else {}
         return replace(self, method=method, k=k, options=options)
-
-
-def load_tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
-
-    check_model_files(model_dir)  # malformed JSON files are one line, not a transformers traceback
-    try:
-        return AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError) as e:
-        raise SpecliteError(f"{model_dir}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None
 
 
 def eos_ids(model_dir: Path, tokenizer) -> set[int]:

@@ -214,6 +214,11 @@ def config_dir(model: Path) -> None:
     (model / "config.json").mkdir()
 
 
+def no_tokenizer_files(model: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).unlink()
+
+
 # (name, how to break a copy of tiny-code, extra flags, exit code, what the one line says)
 BAD_DIRS = [
     ("config-list", lambda m: (m / "config.json").write_text("[1, 2]"), [], "must hold a JSON object, not a list"),
@@ -241,6 +246,7 @@ BAD_DIRS = [
     ("index-list", index_with_list, [], "'weight_map' must be an object"),
     ("tokenizer-structure", lambda m: edit_json(m / "tokenizer.json", cfg(model=[1, 2])), [], "is not a tokenizers file"),
     ("tokenizer-not-json", lambda m: (m / "tokenizer.json").write_text("{"), [], "tokenizer.json is not valid JSON"),
+    ("no-tokenizer", no_tokenizer_files, [], "has no tokenizer files"),
     ("vocab-smaller", lambda m: edit_json(m / "config.json", cfg(vocab_size=1000)), [],
      "its tokenizer has 4096 tokens but the embedding table only 1000 rows"),
     ("embedding-shape", lambda m: edit_json(m / "config.json", cfg(vocab_size=5000)), [],
@@ -289,7 +295,8 @@ def test_bad_model_directory_is_one_line(monkeypatch, capsys, files, name, edit,
     assert err.startswith("error: ") and message in err, err
 
 
-QUANTIZE_DIRS = [c for c in BAD_DIRS if c[1] is not None and not c[2]]
+# Not "no-tokenizer": round-to-nearest without the evaluation reads no text, so it needs none.
+QUANTIZE_DIRS = [c for c in BAD_DIRS if c[1] is not None and not c[2] and c[0] != "no-tokenizer"]
 
 
 @pytest.mark.parametrize("name, edit, flags, message", QUANTIZE_DIRS, ids=[c[0] for c in QUANTIZE_DIRS])

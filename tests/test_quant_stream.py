@@ -14,6 +14,7 @@ import speclite.quant.quantize as quantize_mod
 from speclite.model import load_model
 from speclite.model.decoder import ModelArgs
 from speclite.model.loader import read_config
+from speclite.model.tokenizer import load_tokenizer
 from speclite.quant import calib, quantize_to_dir
 from speclite.quant.blockwise import BlockRunner
 from speclite.quant import rows
@@ -150,7 +151,7 @@ def test_row_chunks_on_worker_threads_change_no_value(monkeypatch, dtype):
 
 
 def windows(path, n=3, seq_len=48):
-    tok = calib.load_tokenizer(path)
+    tok = load_tokenizer(path)
     return calib.token_windows(tok, calib.read_text(calib.SHIPPED_HELDOUT), seq_len, n)
 
 

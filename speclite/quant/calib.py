@@ -49,16 +49,3 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int) -> list[
     return [w for w in ids.split(seq_len) if w.numel() > 1]
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-
-
-def load_tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
-
-    # Without these files transformers 5 quietly builds an empty tokenizer that yields no ids.
-    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):
-        raise SpecliteError(f"{model_dir} has no tokenizer files; calibration and perplexity need one")
-    try:
-        return AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError, TypeError) as e:
-        raise SpecliteError(f"{model_dir}: cannot load its tokenizer ({e.__class__.__name__}); calibration and perplexity need one") from None

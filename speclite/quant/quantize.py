@@ -14,6 +14,7 @@ from torch import nn
 from speclite.errors import SpecliteError
 from speclite.model.decoder import ModelArgs
 from speclite.model.loader import read_config, resolve_device
+from speclite.model.tokenizer import load_tokenizer
 from speclite.model.validate import check_checkpoint
 from speclite.quant.blockwise import BlockRunner
 from speclite.quant import calib as calibration
@@ -223,7 +224,7 @@ def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, cal
 
 def _tokenizer(model_dir: Path, required: bool):
     try:
-        return calibration.load_tokenizer(model_dir)
+        return load_tokenizer(model_dir, "calibration and perplexity")
     except SpecliteError:
         if required:
             raise
