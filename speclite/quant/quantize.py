@@ -224,7 +224,7 @@ def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, cal
 
 def _tokenizer(model_dir: Path, required: bool):
     try:
-        return load_tokenizer(model_dir, "calibration and perplexity")
+        return load_tokenizer(model_dir, "calibration")
     except SpecliteError:
         if required:
             raise
