@@ -38,6 +38,22 @@ def test_greedy_identical_to_plain(pair, plain_outputs, method, k):
         assert out.aux_info["output_len"] == 40
 
 
+@pytest.mark.parametrize("method", ["vanilla", "deterministic"])
+def test_a_stop_string_ends_speculation_where_it_ends_plain_decoding(pair, method):
+    # An iteration verifies several tokens at once; the output still ends with the token that completes
+    # the stop string, as plain decoding's does: the same token ids, text and finish reason.
+    plain, llm = LLM(pair[0]), spec_llm(pair, method, 5)
+    checked = 0
+    for prompt in PROMPTS:
+        full = plain.generate(prompt, GREEDY)[0].text
+        for start in range(2, len(full) - 3, 7):
+            params = SamplingParams(max_new_tokens=40, ignore_eos=True, stop=[full[start : start + 3]])
+            want, got = plain.generate(prompt, params)[0], llm.generate(prompt, params)[0]
+            assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
+            checked += want.finish_reason == "stop" and got.stats.iter_count < len(got.token_ids)
+    assert checked > 10  # stops met inside iterations that verified several tokens
+
+
 def test_draft_model_acceptance_is_partial(pair):
     """The test pair exercises full, partial and zero acceptance (else the equality tests prove little)."""
     llm = spec_llm(pair, "vanilla", 4)

@@ -100,8 +100,19 @@ class Engine:
                         detok.ids.extend(new)
                         yield Chunk(new, "", run.stats)
                         continue
-                    text = detok.add(new)
-                    stop_at = _find_stop(text, params.stop, emitted)
+                    if params.stop:
+                        # Token by token, as plain decoding meets them: the output ends with the token
+                        # that completes a stop string, whatever the iteration verified after it.
+                        seen = emitted
+                        for i, token in enumerate(new):
+                            text = detok.add([token])
+                            stop_at = _find_stop(text, params.stop, seen)
+                            if stop_at is not None:
+                                new = new[: i + 1]
+                                break
+                            seen = len(text)
+                    else:
+                        text = detok.add(new)
                     if stop_at is not None:
                         run.finish_reason = "stop"
                         text = text[:stop_at]
