@@ -41,14 +41,18 @@ def test_chat_messages_use_the_template(model_dirs, tokenizer):
     assert llm.generate(messages, SamplingParams(max_new_tokens=5))[0].token_ids
 
 
-def test_stop_string_truncates_text(model_dirs):
+def test_stop_string_truncates_text(model_dirs, tokenizer):
+    # Early and late stops (the loop's calls grow as the output does): the text ends before the stop,
+    # the token ids with the token that completes it.
     llm = LLM(model_dirs["qwen2"])
     full = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=30, ignore_eos=True))[0]
-    stop = full.text[5:8]
-    out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=30, stop=[stop], ignore_eos=True))[0]
-    assert out.finish_reason == "stop"
-    assert out.text == full.text[: full.text.index(stop)]
-    assert full.token_ids[: len(out.token_ids)] == out.token_ids
+    for start in (1, 5, len(full.text) // 2, len(full.text) - 4):
+        stop = full.text[start : start + 3]
+        out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=30, stop=[stop], ignore_eos=True))[0]
+        assert out.finish_reason == "stop"
+        assert out.text == full.text[: full.text.index(stop)]
+        ends = next(n for n in range(1, 31) if stop in tokenizer.decode(full.token_ids[:n], skip_special_tokens=True))
+        assert out.token_ids == full.token_ids[:ends]
 
 
 def test_generate_text_equals_the_streamed_text_and_the_tokenizers_decoding(model_dirs, tokenizer):

@@ -29,6 +29,10 @@ from speclite.speculate.verify import get_verifier, greedy, reject_all, rejectio
 
 NO_DRAFTS = Proposal([])
 CHUNK_S = 0.02  # plain greedy decoding's chunk: seconds of steps per call (a decode step or more)
+# With a stop string the engine looks for it after each call, and what a call produced past it is work
+# thrown away: a call then produces at most as many tokens as came before it (so an early stop wastes
+# little), two at least and this many at most.
+STOP_CHUNK_TOKENS = 8
 
 
 @dataclass
@@ -93,7 +97,7 @@ class Decoding:
             token, produced, step_s = prompt[-1], 0, None
             # May iterations run in calls of their own: plain decoding, argmax verification or rejection
             # sampling (not a debugging policy's, nor another verifier's).
-            chunked = not params.stop and (spec is None or verifier is (greedy if params.greedy else rejection))
+            chunked = spec is None or verifier is (greedy if params.greedy else rejection)
             declined = set()  # the kinds of call ("plain", "speculative") declined for this request
             eos = set() if params.ignore_eos else request.eos_ids
             while True:
@@ -108,9 +112,10 @@ class Decoding:
                 # kernels can, without Python between them (the tokens of iterations one by one): plain
                 # steps as the target's chain (greedy, or sampled with the generator's next uniforms),
                 # speculative iterations where the proposer runs them with the target (greedy_run,
-                # sampled_run); streamed after each call. Not with a stop string: the engine looks for
-                # it after every token. Declined once (no kernels for these models or device, a tree),
-                # that kind of call is declined for the request; the other kind may still run.
+                # sampled_run); streamed after each call (with a stop string, shorter calls: the engine
+                # ends the output at the token that completes it). Declined once (no kernels for these
+                # models or device, a tree), that kind of call is declined for the request; the other
+                # kind may still run.
                 # With a proposer, plain steps (k = 0, auto's choice where speculation cannot pay) run as
                 # the target's chain too, keeping the states the proposer wants; each iteration is
                 # charged its share of the call, for auto's table of costs. That table leaves out a
@@ -118,8 +123,9 @@ class Decoding:
                 # them, the iterations run one by one (the last steps too few for a chain).
                 run, timed, kind = None, step_s is not None, "speculative" if k else "plain"
                 if chunked and step_s and kind not in declined:
+                    call_room = min(room, STOP_CHUNK_TOKENS, max(2, produced)) if params.stop else room
                     if k == 0:
-                        steps, vocab = min(room, int(CHUNK_S / step_s)), target.args.vocab_size
+                        steps, vocab = min(call_room, int(CHUNK_S / step_s)), target.args.vocab_size
                         chained = (target.chain(token, cache, steps, vocab, params, generator, wants) if steps > 1
                                    else ([], None))
                         if chained is not None:
@@ -130,9 +136,10 @@ class Decoding:
                                 new = until_eos(chain, eos)  # the states of the rows that fed them
                                 spec.proposer.observe(new, states.select(list(range(len(new)))) if wants else None)
                     elif params.greedy:
-                        run = spec.proposer.greedy_run(target, cache, token, k, room, eos, CHUNK_S)
+                        run = spec.proposer.greedy_run(target, cache, token, k, call_room, eos, CHUNK_S)
                     else:
-                        run = spec.proposer.sampled_run(target, cache, token, k, room, eos, CHUNK_S, params, generator)
+                        run = spec.proposer.sampled_run(target, cache, token, k, call_room, eos, CHUNK_S, params,
+                                                        generator)
                     if run is None:
                         declined.add(kind)
                     timed = run != []
