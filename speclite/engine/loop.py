@@ -32,7 +32,7 @@ CHUNK_S = 0.02  # plain greedy decoding's chunk: seconds of steps per call (a de
 # With a stop string the engine looks for it after each call, and what a call produced past it is work
 # thrown away: a call then produces at most as many tokens as came before it (so an early stop wastes
 # little), two at least and this many at most.
-STOP_CHUNK_TOKENS = 8
+STOP_CHUNK_TOKENS = 16
 
 
 @dataclass
