@@ -217,14 +217,17 @@ def llama_bench(bins: Path, model: Path, threads: int, mode: str, depth: int = 3
         return float(json.loads(done.stdout)[0]["avg_ts"])
 
 
-def llama_speculative(bins: Path, target: Path, draft: Path, threads: int, k: int, n: int, temperature: float) -> float:
-    # Greedy (--top-k 1), or pure temperature sampling: its other samplers (top-k 40, top-p 0.95,
+def llama_sampling(temperature: float) -> list[str]:
+    # Greedy (--top-k 1), or pure temperature sampling: llama.cpp's other samplers (top-k 40, top-p 0.95,
     # min-p 0.05 by default) off, as speclite's are.
-    sampling = (["--temp", "0", "--top-k", "1"] if temperature == 0 else
-                ["--temp", str(temperature), "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0", "--seed", "1"])
+    return (["--temp", "0", "--top-k", "1"] if temperature == 0 else
+            ["--temp", str(temperature), "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0", "--seed", "1"])
+
+
+def llama_speculative(bins: Path, target: Path, draft: Path, threads: int, k: int, n: int, temperature: float) -> float:
     done = subprocess.run([str(bins / "llama-speculative"), "-m", str(target), "-md", str(draft), "-p", PAIR_PROMPT,
                            "-n", str(n), "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "-t", str(threads), "-td",
-                           str(threads), *sampling, "-c", "512"],
+                           str(threads), *llama_sampling(temperature), "-c", "512"],
                           capture_output=True, text=True)
     found = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", done.stderr + done.stdout)
     if found is None:
@@ -235,12 +238,11 @@ def llama_speculative(bins: Path, target: Path, draft: Path, threads: int, k: in
 def llama_speculative_simple(bins: Path, target: Path, draft: Path | None, spec_type: str, threads: int, k: int, n: int,
                              temperature: float) -> tuple[float, float]:
     """(tok/s, drafts accepted / drafted) of llama.cpp's speculation of `spec_type` (its common_speculative:
-    a draft model, EAGLE-3, DFlash, ...), sampling as llama_speculative's."""
-    sampling = (["--temp", "0", "--top-k", "1"] if temperature == 0 else
-                ["--temp", str(temperature), "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0", "--seed", "1"])
+    a draft model, EAGLE-3, DFlash, ...)."""
     done = subprocess.run([str(bins / "llama-speculative-simple"), "-m", str(target), *(["-md", str(draft)] if draft else []),
                            "--spec-type", spec_type, "-p", PAIR_PROMPT, "-n", str(n), "--spec-draft-n-max", str(k),
-                           "--spec-draft-n-min", "0", "-t", str(threads), "-td", str(threads), *sampling, "-c", "512"],
+                           "--spec-draft-n-min", "0", "-t", str(threads), "-td", str(threads), *llama_sampling(temperature),
+                           "-c", "512"],
                           capture_output=True, text=True)
     out = done.stderr + done.stdout
     speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", out)
