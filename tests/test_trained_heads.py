@@ -72,3 +72,28 @@ def test_trained_head_tree_drafts_exactly_and_gets_accepted(method, k, options, 
     outs, total = run(llm, prompts)
     assert outs == plain
     assert total.avg_tokens_per_iter > floor, total.aux_info()
+
+
+@pytest.mark.parametrize("method", sorted(SHIPPED))
+def test_stop_strings_end_every_drafters_output_at_the_completing_token(method, prompts):
+    # Every method's iterations (in the kernels' calls where it has them) with stops met early and late:
+    # greedy, the output is plain decoding's; sampled, it ends with the token that completes the stop.
+    plain = LLM("tiny-code")
+    llm = LLM("tiny-code", {"method": method, "model": SHIPPED[method], "num_speculative_tokens": 4})
+    decode = llm.tokenizer.decode
+    stopped = 0
+    for p in prompts:
+        full = plain.generate(p, SamplingParams(max_new_tokens=40, ignore_eos=True))[0].text
+        for stop in (full[4:7], full[len(full) // 2:][:3]):
+            greedy = SamplingParams(max_new_tokens=40, ignore_eos=True, stop=[stop])
+            want, got = plain.generate(p, greedy)[0], llm.generate(p, greedy)[0]
+            assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
+        for seed, stop in enumerate(["\n", "(", "):", " = "]):
+            out = llm.generate(p, SamplingParams(max_new_tokens=40, ignore_eos=True, stop=[stop], temperature=1.0,
+                                                 seed=seed))[0]
+            if out.finish_reason == "stop":
+                stopped += 1
+                assert stop in decode(out.token_ids, skip_special_tokens=True)
+                assert stop not in decode(out.token_ids[:-1], skip_special_tokens=True)
+                assert out.text == decode(out.token_ids, skip_special_tokens=True).split(stop)[0]
+    assert stopped >= 8  # of 16 sampled answers
