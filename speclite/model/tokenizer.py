@@ -22,4 +22,5 @@ def load_tokenizer(model_dir: Path, needed_for: str = ""):
     try:
         return AutoTokenizer.from_pretrained(str(model_dir))
     except (OSError, ValueError, TypeError) as e:
-        raise SpecliteError(f"{model_dir}: cannot load its tokenizer ({str(e).splitlines()[0] if str(e) else type(e).__name__}){why}") from None
+        said = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SpecliteError(f"{model_dir}: cannot load its tokenizer ({said}){why}") from None
