@@ -181,7 +181,8 @@ def target_for_llamacpp_drafters(target: Path) -> Path:
     some architectures' graphs hand their layers' inputs to an EAGLE-3 or DFlash drafter, Llama's among
     them and Qwen2's not."""
     cfg = json.loads((target / "config.json").read_text())
-    return staged(target, f"{target.name}-as-llama", cfg | {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    as_llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    return staged(target, f"{target.name}-as-llama", cfg | as_llama)
 
 
 # ---- measurements --------------------------------------------------------------------------

@@ -46,7 +46,8 @@ def main():
     answers = [out.text for out in llm.generate(prompts, plain)]
 
     def stops(at):
-        return [SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True, stop=[a[at(a):][:3]]) for a in answers]
+        return [SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True, stop=[a[at(a):][:3]])
+                for a in answers]
 
     cases = {"no stop": [plain] * len(prompts),
              "a stop never met": [SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True,
