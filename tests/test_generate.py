@@ -190,6 +190,16 @@ def test_streamed_text_equals_final_text(model_dirs, tokenizer):
     assert detok.text == detok.final() == "\ufffdab\ufffdcd\ufffdef"
     detok.add(tokenizer.encode("é")[:1])  # the first byte of a two-byte character: held back
     assert detok.text == "\ufffdab\ufffdcd\ufffdef" and detok.final().endswith("\ufffd")
+    # Back to a mark (the engine replays a call's tokens one by one where a stop string is in them): the
+    # same texts, token by token, as a detokenizer that never saw what came after the mark.
+    ids = tokenizer.encode("x = 1\nnaïve café ☕ done\ny = 2")
+    detok, fresh = IncrementalDetokenizer(tokenizer), IncrementalDetokenizer(tokenizer)
+    detok.add(ids[:3]), fresh.add(ids[:3])
+    mark = detok.mark()
+    detok.add(ids[3:])
+    detok.back_to(mark)
+    assert [detok.add([t]) for t in ids[3:]] == [fresh.add([t]) for t in ids[3:]]
+    assert detok.ids == fresh.ids == ids
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])

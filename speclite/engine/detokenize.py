@@ -38,6 +38,14 @@ class IncrementalDetokenizer:
             self.prefix, self.read, self.shown = self.read, len(self.ids), 0
         return self.text
 
+    def mark(self) -> tuple:
+        """This point, to come back to with back_to (what came after it forgotten)."""
+        return len(self.ids), self.text, self.prefix, self.read, self.shown
+
+    def back_to(self, mark: tuple) -> None:
+        n, self.text, self.prefix, self.read, self.shown = mark
+        del self.ids[n:]
+
     def final(self) -> str:
         """The exact decoding of every token (including a trailing incomplete character)."""
         return self.tokenizer.decode(self.ids, skip_special_tokens=True)

@@ -100,9 +100,13 @@ class Engine:
                         detok.ids.extend(new)
                         yield Chunk(new, "", run.stats)
                         continue
-                    if params.stop:
-                        # Token by token, as plain decoding meets them: the output ends with the token
-                        # that completes a stop string, whatever the iteration verified after it.
+                    mark = detok.mark()
+                    text = detok.add(new)
+                    stop_at = _find_stop(text, params.stop, emitted)
+                    if stop_at is not None and len(new) > 1:
+                        # Again token by token, as plain decoding meets them: the output ends with the
+                        # token that completes the stop string, whatever the call verified after it.
+                        detok.back_to(mark)
                         seen = emitted
                         for i, token in enumerate(new):
                             text = detok.add([token])
@@ -111,8 +115,6 @@ class Engine:
                                 new = new[: i + 1]
                                 break
                             seen = len(text)
-                    else:
-                        text = detok.add(new)
                     if stop_at is not None:
                         run.finish_reason = "stop"
                         text = text[:stop_at]
