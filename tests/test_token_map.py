@@ -17,6 +17,7 @@ from speclite import LLM, SamplingParams, SpecConfig
 from speclite.errors import SpecliteError
 from speclite.hub import PACKAGE_DIR
 from speclite.model import load_model
+from speclite.model.decoder import Linear
 from speclite.speculate import token_map
 from speclite.speculate.draft_model import DraftModelProposer
 from conftest import SAMPLED_WARPS, runs_match
@@ -136,6 +137,30 @@ def test_int4_target_and_int4_draft(pard, method, tmp_path):
 
 
 @pytest.mark.parametrize("method", ["vanilla", "pard"])
+@pytest.mark.parametrize("quant", ["int4/int4", "w8a8/w8a8"])
+def test_a_draft_models_quantized_head_is_the_maps_rows_quantized(method, quant, plain):
+    # --draft-quant BODY/HEAD quantizes the whole head at load; the drafting view's head is the map's rows
+    # of the checkpoint's dense head, quantized to HEAD the same way (each row on its own, so the same
+    # numbers as those rows of the whole head quantized).
+    from speclite.quant.quantize import quantize_lm_head
+
+    path = str(PACKAGE_DIR / "assets" / "tiny-code" / "freq_1024.pt")
+    view = spec_llm(method, 4, path, quant=None).engine.spec.proposer.model  # the dense rows
+    llm = LLM("tiny-code", SpecConfig(method, k=4, draft=SHIPPED[method], draft_quant=quant,
+                                      options={"token_map": path}))
+    quantized = llm.engine.spec.proposer.model
+    assert torch.equal(quantized.vocab_map, token_map.load(path, 4096))
+    expected = torch.nn.Module()
+    expected.lm_head = view.lm_head
+    quantize_lm_head(expected, quant.split("/")[1])
+    assert type(quantized.lm_head) is type(expected.lm_head) is not Linear
+    x = torch.randn(3, view.args.hidden_size)
+    assert torch.equal(quantized.lm_head(x), expected.lm_head(x))
+    for prompt in HELDOUT[:4]:
+        assert llm.generate(prompt, GREEDY)[0].token_ids == plain[prompt]
+
+
+@pytest.mark.parametrize("method", ["vanilla", "pard"])
 @pytest.mark.parametrize("sampled", [False, True])
 def test_one_call_runs_equal_the_iterations_one_by_one(isa, pard, method, sampled, tmp_path, monkeypatch):
     target, draft, _ = pard
@@ -189,7 +214,7 @@ def test_bad_maps_are_one_line_errors(tmp_path):
     assert "no token of the map" in _error(SpecConfig("eagle3", draft="tiny-code-eagle3",
                                                       options={"token_map": draft_only}))
     good = save_map(tmp_path / "good.pt", range(100))
-    assert "restricts a dense head" in _error(SpecConfig("pard", draft="tiny-code-pard", draft_quant="int4/int4",
+    assert "restricts a dense head" in _error(SpecConfig("eagle3", draft="tiny-code-eagle3", draft_quant="int4/int4",
                                                          options={"token_map": good}))
     assert "takes no option token_map" in _error(SpecConfig("suffix", options={"token_map": good}))
 

@@ -28,6 +28,8 @@ from torch import nn
 from speclite import hub
 from speclite.errors import SpecliteError
 from speclite.model.decoder import Linear
+from speclite.model.loader import read_tensors
+from speclite.quant.quantize import quantize_lm_head
 from speclite.speculate.registry import Option
 
 TOKEN_MAP = Option("token_map", str, None, "FR-Spec: the drafter's head computes only these tokens' logits (a .pt "
@@ -91,11 +93,28 @@ def tokens(ctx) -> torch.Tensor | None:
 
 
 def draft_model(ctx):
-    """ctx.draft, or with --token-map a view of it drafting through its head's rows of the map's tokens."""
+    """ctx.draft, or with --token-map a view of it drafting through its head's rows of the map's tokens.
+    Where --draft-quant BODY/HEAD quantized the whole head at load, the view's head is the map's rows of
+    the checkpoint's dense head, quantized to HEAD alike."""
     keep = tokens(ctx)
     if keep is None:
         return ctx.draft
-    return ctx.draft.restricted(*restrict(ctx.draft.lm_head, None, keep, "the draft model"))
+    head, head_scheme = ctx.draft.lm_head, (ctx.draft_quant or "").partition("/")[2]
+    if head_scheme and type(head) is not Linear:
+        head = dense_head(ctx.draft, ctx.draft_dir)
+    view = ctx.draft.restricted(*restrict(head, None, keep, "the draft model"))
+    return quantize_lm_head(view, head_scheme) if head_scheme else view
+
+
+def dense_head(model, model_dir: Path) -> Linear:
+    """`model`'s lm_head as its checkpoint holds it (the embedding where tied), in its activations' dtype."""
+    name = "model.embed_tokens.weight" if model.args.tie_word_embeddings else "lm_head.weight"
+    weight = read_tensors(model_dir, lambda n: n == name).get(name)
+    if weight is None:
+        raise SpecliteError(f"--token-map restricts a dense head: {model_dir} holds no dense {name}")
+    head = Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    head.weight = nn.Parameter(weight.to(model.model.norm.weight.device, model.dtype), requires_grad=False)
+    return head
 
 
 def count(tokenizer, texts: Iterable[str]) -> Counter:
