@@ -19,6 +19,7 @@ from speclite.api import SpecConfig
 from speclite.engine.loop import Speculation
 from speclite.errors import SpecliteError
 from speclite.model import load_model
+from speclite.model.decoder import Linear
 from speclite.model.step import Wants
 from speclite.quant import quantize_model
 from speclite.speculate import RequestContext
@@ -227,6 +228,28 @@ def test_llm_vllm_config_draft_quant_and_auto_k(pair):
         for prompt in ("def add(a, b):", "the quick brown"):
             params = SamplingParams(max_new_tokens=16, ignore_eos=True)
             assert llm.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
+
+
+@pytest.mark.parametrize("head", ["w8a8", "int4"])
+def test_a_head_scheme_drafts_through_a_quantized_copy_of_the_targets_head(pair, head):
+    # --draft-quant BODY/HEAD: the drafter has no head of its own, so it drafts through a copy of the
+    # target's quantized to HEAD (the target keeps its own); exact, the copy's logits those of the
+    # target's head quantized alike, and the copy counted in the proposer's resident memory.
+    from speclite.quant.quantize import quantize_lm_head
+
+    target_dir, draft_dir, _, _ = pair
+    plain = LLM(target_dir)
+    llm = LLM(target_dir, {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": 5,
+                           "quantization": f"int4/{head}"})
+    proposer = llm.engine.spec.proposer
+    assert type(llm.target.lm_head) is Linear and proposer.lm_head is not llm.target.lm_head
+    assert proposer.lm_head in proposer.resident()[0]
+    expected = quantize_lm_head(load_model(target_dir, "cpu", torch.float32), head).lm_head
+    x = torch.randn(3, llm.target.args.hidden_size)
+    assert type(proposer.lm_head) is type(expected) and torch.equal(proposer.lm_head(x), expected(x))
+    for prompt in ("def add(a, b):", "the quick brown", "import os\n"):
+        params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+        assert llm.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
 
 
 @pytest.fixture(scope="module")

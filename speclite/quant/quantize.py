@@ -269,7 +269,14 @@ def quantize_lm_head(model, scheme, group_size=128, sym=False):
 
 
 def _replace(parent_module: nn.Module, name: str, scheme: str, group_size: int, sym: bool) -> None:
-    linear = parent_module.get_submodule(name)
+    new = quantized_linear(parent_module.get_submodule(name), scheme, group_size, sym, name)
+    parent, _, attr = name.rpartition(".")
+    setattr(parent_module.get_submodule(parent), attr, new)
+
+
+def quantized_linear(linear: nn.Module, scheme: str, group_size: int = 128, sym: bool = False,
+                     name: str = "lm_head") -> nn.Module:
+    """A load-time quantized copy of a dense linear (`scheme` normalized); the linear itself stays."""
     if not isinstance(linear, nn.Linear):
         raise SpecliteError(f"--quant {scheme} needs a dense {name}: this one is already quantized")
     weight = linear.weight.detach()
@@ -285,5 +292,4 @@ def _replace(parent_module: nn.Module, name: str, scheme: str, group_size: int, 
     else:
         q, scale = quantize_int8_channel(weight)
         new = Int8Linear(q, scale, bias, dtype, device)
-    parent, _, attr = name.rpartition(".")
-    setattr(parent_module.get_submodule(parent), attr, new)
+    return new

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torch import nn
+
+from speclite.errors import SpecliteError
+from speclite.model.decoder import Linear
 from speclite.speculate.dflash.draft import DFlashDraft
 from speclite.speculate.dflash.load import load_drafter
 from speclite.speculate.dflash.proposer import DFlashProposer
@@ -24,13 +28,14 @@ __all__ = ["DFlashDraft", "DFlashProposer", "load_draft", "load_drafter"]
 
 
 def load_draft(draft_dir: str | Path, target, quant: str | None = None, mask_token: int | None = None) -> DFlashDraft:
-    """The drafter for `target` (its device and dtype), quantized at load like any draft (--draft-quant)."""
+    """The drafter for `target` (its device and dtype), its layers quantized at load like any draft's
+    (--draft-quant BODY; a HEAD scheme is for its copy of the target's head, _build)."""
     device, dtype = target.model.norm.weight.device, target.dtype  # the activations' (a table may be 16-bit)
     draft = load_drafter(draft_dir, target.args, device, dtype, mask_token)
     if quant:
         from speclite.quant import quantize_model
 
-        quantize_model(draft, quant)
+        quantize_model(draft, quant.partition("/")[0])
     return draft
 
 
@@ -39,7 +44,23 @@ def _build(ctx: BuildContext) -> DFlashProposer:
     keep = token_map.tokens(ctx)
     head, tokens = (ctx.target.lm_head, None) if keep is None else token_map.restrict(
         ctx.target.lm_head, None, keep, "the target")
-    return DFlashProposer(draft, ctx.target.model.embed_tokens, head, ctx.max_len, tokens)
+    head_scheme = (ctx.draft_quant or "").partition("/")[2]
+    if head_scheme:  # drafting through a quantized copy of the target's head (or of the map's rows of it)
+        head = quantized_head(head, head_scheme, ctx.target.dtype)
+    return DFlashProposer(draft, ctx.target.model.embed_tokens, head, ctx.max_len, tokens,
+                          own_head=head is not ctx.target.lm_head)
+
+
+def quantized_head(head, scheme: str, dtype) -> nn.Module:
+    from speclite.quant.quantize import quantized_linear
+    from speclite.quant.schemes import LOAD_TIME_SCHEMES, normalize_scheme
+
+    if type(head) is not Linear:
+        raise SpecliteError(f"--draft-quant BODY/{scheme}: DFlash drafts through a quantized copy of the target's "
+                            "head, which is quantized already: name the body's scheme alone")
+    dense = Linear(head.in_features, head.out_features, bias=False, device="meta")
+    dense.weight = nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)  # the activations' dtype
+    return quantized_linear(dense, normalize_scheme(scheme, LOAD_TIME_SCHEMES))
 
 
 register(Method(

@@ -28,9 +28,11 @@ class DFlashProposer(Proposer):
     name = "dflash"
 
     def __init__(self, draft: DFlashDraft, embed: nn.Embedding, lm_head: nn.Module, max_len: int,
-                 vocab_map: torch.Tensor | None = None):
-        # lm_head: the target's, or (--token-map) its rows of the tokens vocab_map lists, the proposer's own
+                 vocab_map: torch.Tensor | None = None, own_head: bool = False):
+        # lm_head: the target's, or the proposer's own (own_head): (--token-map) the target's rows of the
+        # tokens vocab_map lists, and/or (--draft-quant BODY/HEAD) a quantized copy
         self.draft, self.embed, self.lm_head, self.vocab_map = draft, embed, lm_head, vocab_map
+        self.own_head = own_head
         # The outputs of layer i are the inputs of layer i + 1 (the last one's: Wants' num_layers).
         self.wants = Wants(layers=tuple(sorted({i + 1 for i in draft.target_layers})))
         self.cache = draft.new_cache(max_len)
@@ -41,7 +43,7 @@ class DFlashProposer(Proposer):
         self.waiting: list[Step] = []  # the states of the positions after pending's, not fused yet (catch_up)
 
     def resident(self) -> tuple[list, list]:
-        return [self.draft] + ([] if self.vocab_map is None else [self.lm_head]), [self.cache]
+        return [self.draft] + ([self.lm_head] if self.own_head else []), [self.cache]
 
     def reset(self) -> None:
         self.tokens, self.pending, self.waiting = [], self.none, []
