@@ -186,10 +186,16 @@ class Linear(nn.Linear):
 
     def rows(self, index: torch.Tensor) -> "Linear":
         """A Linear of these output rows only (copies: a head over some tokens, FR-Spec's)."""
-        out = Linear(self.in_features, index.shape[0], bias=self.bias is not None, device="meta")
-        out.weight = nn.Parameter(self.weight[index].contiguous(), requires_grad=False)
-        if self.bias is not None:
-            out.bias = nn.Parameter(self.bias[index].contiguous(), requires_grad=False)
+        return Linear.holding(self.weight[index].contiguous(),
+                              None if self.bias is None else self.bias[index].contiguous())
+
+    @staticmethod
+    def holding(weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Linear":
+        """A frozen Linear whose parameters are these tensors (not copied, nothing drawn)."""
+        out = Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        out.weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            out.bias = nn.Parameter(bias, requires_grad=False)
         return out
 
     @staticmethod

@@ -67,6 +67,11 @@ class BuildContext:
     def target_vocab(self) -> int:
         return self.target.args.vocab_size
 
+    @property
+    def head_quant(self) -> str:
+        """HEAD of --draft-quant BODY/HEAD ("" without one): the scheme of the drafter's head."""
+        return (self.draft_quant or "").partition("/")[2]
+
 
 @dataclass(frozen=True)
 class Method:

@@ -99,11 +99,11 @@ def draft_model(ctx):
     keep = tokens(ctx)
     if keep is None:
         return ctx.draft
-    head, head_scheme = ctx.draft.lm_head, (ctx.draft_quant or "").partition("/")[2]
-    if head_scheme and type(head) is not Linear:
+    head = ctx.draft.lm_head
+    if ctx.head_quant and type(head) is not Linear:
         head = dense_head(ctx.draft, ctx.draft_dir)
     view = ctx.draft.restricted(*restrict(head, None, keep, "the draft model"))
-    return quantize_lm_head(view, head_scheme) if head_scheme else view
+    return quantize_lm_head(view, ctx.head_quant) if ctx.head_quant else view
 
 
 def dense_head(model, model_dir: Path) -> Linear:
@@ -112,9 +112,7 @@ def dense_head(model, model_dir: Path) -> Linear:
     weight = read_tensors(model_dir, lambda n: n == name).get(name)
     if weight is None:
         raise SpecliteError(f"--token-map restricts a dense head: {model_dir} holds no dense {name}")
-    head = Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    head.weight = nn.Parameter(weight.to(model.model.norm.weight.device, model.dtype), requires_grad=False)
-    return head
+    return Linear.holding(weight.to(model.model.norm.weight.device, model.dtype))
 
 
 def count(tokenizer, texts: Iterable[str]) -> Counter:

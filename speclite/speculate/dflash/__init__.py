@@ -44,9 +44,8 @@ def _build(ctx: BuildContext) -> DFlashProposer:
     keep = token_map.tokens(ctx)
     head, tokens = (ctx.target.lm_head, None) if keep is None else token_map.restrict(
         ctx.target.lm_head, None, keep, "the target")
-    head_scheme = (ctx.draft_quant or "").partition("/")[2]
-    if head_scheme:  # drafting through a quantized copy of the target's head (or of the map's rows of it)
-        head = quantized_head(head, head_scheme, ctx.target.dtype)
+    if ctx.head_quant:  # drafting through a quantized copy of the target's head (or of the map's rows of it)
+        head = quantized_head(head, ctx.head_quant, ctx.target.dtype)
     return DFlashProposer(draft, ctx.target.model.embed_tokens, head, ctx.max_len, tokens,
                           own_head=head is not ctx.target.lm_head)
 
@@ -58,8 +57,7 @@ def quantized_head(head, scheme: str, dtype) -> nn.Module:
     if type(head) is not Linear:
         raise SpecliteError(f"--draft-quant BODY/{scheme}: DFlash drafts through a quantized copy of the target's "
                             "head, which is quantized already: name the body's scheme alone")
-    dense = Linear(head.in_features, head.out_features, bias=False, device="meta")
-    dense.weight = nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)  # the activations' dtype
+    dense = Linear.holding(head.weight.detach().to(dtype))  # the activations' dtype
     return quantized_linear(dense, normalize_scheme(scheme, LOAD_TIME_SCHEMES))
 
 
