@@ -319,9 +319,10 @@ def flag_cases(root, inp):
         (base + ["--max-new-tokens", "abc"], 2, "'abc' is not a valid integer"),
         (base + ["--nope"], 2, "No such option"),
         (base + ["--sp-type", "vanilla", "--gen-num-per-cycle", "99"], 1, "between 0 and 64"),
-        # An MTP module that reads the target's head has none of its own to quantize.
-        (base + ["--sp-type", "mtp", "--draft", "tiny-code-mtp", "--draft-quant", "int4/int4"], 1,
-         "this drafter (MTPModule) has none"),
+        # An MTP module reading the target's head drafts through a copy quantized to HEAD: not from a
+        # head quantized already.
+        (base + ["--quant", "int4/int4", "--sp-type", "mtp", "--draft", "tiny-code-mtp", "--draft-quant", "int4/int4"],
+         1, "a quantized copy of the target's head, which is quantized already"),
         (["generate", "--model", ASSETS / "tiny-code", "-i", root / "latin1.jsonl", "-o", root / "o.jsonl"], 1,
          "cannot read the input file"),
         (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", root], 1, "cannot write the output file"),

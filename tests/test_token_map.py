@@ -160,6 +160,34 @@ def test_a_draft_models_quantized_head_is_the_maps_rows_quantized(method, quant,
         assert llm.generate(prompt, GREEDY)[0].token_ids == plain[prompt]
 
 
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+@pytest.mark.parametrize("quant", ["int4/int4", "w8a8/w8a8"])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_heads_quantized_head_is_its_dense_rows_quantized(method, quant, mapped, plain):
+    # --draft-quant BODY/HEAD: an EAGLE-3 head drafts through its own lm_head (the map's rows of it), an
+    # MTP module through a copy of the target's (the map's rows), quantized to HEAD from the dense rows;
+    # the target keeps its dense head, and the copy counts in the proposer's resident memory.
+    from speclite.quant.quantize import quantize_lm_head
+
+    options = {"token_map": str(PACKAGE_DIR / "assets" / "tiny-code" / "freq_1024.pt")} if mapped else {}
+    dense = LLM("tiny-code", SpecConfig(method, k=4, draft=SHIPPED[method], options=options)).engine.spec.proposer.head
+    llm = LLM("tiny-code", SpecConfig(method, k=4, draft=SHIPPED[method], draft_quant=quant, options=options))
+    proposer = llm.engine.spec.proposer
+    head = proposer.head.output_head()
+    assert type(llm.target.lm_head) is Linear and head is not llm.target.lm_head
+    assert any(m is head for m in proposer.resident()[0][0].modules())
+    assert torch.equal(proposer.head.target_ids, dense.target_ids)
+    assert proposer.head.full_vocab == dense.full_vocab == (method == "mtp" and not mapped)
+    expected = torch.nn.Module()
+    expected.lm_head = Linear.holding(dense.output_head().weight.to(llm.target.dtype))
+    quantize_lm_head(expected, quant.split("/")[1])
+    assert type(head) is type(expected.lm_head) is not Linear
+    x = torch.randn(3, llm.target.args.hidden_size)
+    assert torch.equal(head(x), expected.lm_head(x))
+    for prompt in HELDOUT[:4]:
+        assert llm.generate(prompt, GREEDY)[0].token_ids == plain[prompt]
+
+
 @pytest.mark.parametrize("method", ["vanilla", "pard"])
 @pytest.mark.parametrize("sampled", [False, True])
 def test_one_call_runs_equal_the_iterations_one_by_one(isa, pard, method, sampled, tmp_path, monkeypatch):
@@ -187,9 +215,9 @@ def test_rejection_sampling_keeps_the_target_distribution(models):  # noqa: F811
     assert chi_square_pvalue(thirds, third) > 1e-4
 
 
-def _error(cfg) -> str:
+def _error(cfg, quant=None) -> str:
     with pytest.raises(SpecliteError) as e:
-        LLM("tiny-code", cfg)
+        LLM("tiny-code", cfg, quant=quant)
     assert "\n" not in str(e.value)
     return str(e.value)
 
@@ -214,8 +242,9 @@ def test_bad_maps_are_one_line_errors(tmp_path):
     assert "no token of the map" in _error(SpecConfig("eagle3", draft="tiny-code-eagle3",
                                                       options={"token_map": draft_only}))
     good = save_map(tmp_path / "good.pt", range(100))
-    assert "restricts a dense head" in _error(SpecConfig("eagle3", draft="tiny-code-eagle3", draft_quant="int4/int4",
-                                                         options={"token_map": good}))
+    # The target's head quantized at load: an MTP module reading it has no dense rows to take.
+    assert "restricts a dense head" in _error(SpecConfig("mtp", draft="tiny-code-mtp", options={"token_map": good}),
+                                              quant="int4/int4")
     assert "takes no option token_map" in _error(SpecConfig("suffix", options={"token_map": good}))
 
 

@@ -30,10 +30,16 @@ class OneLayerHead(nn.Module):
         """Head-vocabulary logits [..., Vh] -> target-vocabulary logits [..., V] (-inf where the head has no token)."""
         return logits if self.full_vocab else over_tokens(logits, self.target_ids, target_vocab)
 
-    def restrict_vocab(self, keep: torch.Tensor) -> None:
-        """Draft the tokens of `keep` only (--token-map): the head's rows of them, as its own lm_head."""
-        self.lm_head, self.target_ids = token_map.restrict(self.output_head(), self.target_ids, keep, "the head")
-        self.full_vocab = False
+    def draft_through(self, keep: torch.Tensor | None, scheme: str, dtype: torch.dtype) -> None:
+        """Draft through the head's rows of the tokens of `keep` only (--token-map), and/or a copy of the
+        head quantized to `scheme` (HEAD of --draft-quant BODY/HEAD) from its `dtype` weights: the
+        head's own, or the target's that an MTP module reads (the copy becomes the module's own)."""
+        if keep is None and not scheme:
+            return
+        what = "the head" if self.lm_head is not None else "the target"
+        self.lm_head, self.target_ids = token_map.drafting_head(self.output_head(), self.target_ids, keep, scheme,
+                                                                dtype, what)
+        self.full_vocab = self.full_vocab and keep is None
 
     def layer_struct(self, x: torch.Tensor) -> cpu_layer_ops.Layer | None:
         """The block as a cpu_layer_ops.Layer (reading a state and an embedding) for activations like x,

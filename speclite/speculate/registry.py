@@ -68,6 +68,11 @@ class BuildContext:
         return self.target.args.vocab_size
 
     @property
+    def body_quant(self) -> str | None:
+        """BODY of --draft-quant BODY/HEAD (None without one): the scheme of the drafter's layers."""
+        return (self.draft_quant or "").partition("/")[0] or None
+
+    @property
     def head_quant(self) -> str:
         """HEAD of --draft-quant BODY/HEAD ("" without one): the scheme of the drafter's head."""
         return (self.draft_quant or "").partition("/")[2]

@@ -29,7 +29,8 @@ from speclite import hub
 from speclite.errors import SpecliteError
 from speclite.model.decoder import Linear
 from speclite.model.loader import read_tensors
-from speclite.quant.quantize import quantize_lm_head
+from speclite.quant.quantize import quantized_linear
+from speclite.quant.schemes import LOAD_TIME_SCHEMES, normalize_scheme
 from speclite.speculate.registry import Option
 
 TOKEN_MAP = Option("token_map", str, None, "FR-Spec: the drafter's head computes only these tokens' logits (a .pt "
@@ -99,11 +100,26 @@ def draft_model(ctx):
     keep = tokens(ctx)
     if keep is None:
         return ctx.draft
-    head = ctx.draft.lm_head
-    if ctx.head_quant and type(head) is not Linear:
-        head = dense_head(ctx.draft, ctx.draft_dir)
-    view = ctx.draft.restricted(*restrict(head, None, keep, "the draft model"))
-    return quantize_lm_head(view, ctx.head_quant) if ctx.head_quant else view
+    head = dense_head(ctx.draft, ctx.draft_dir) if ctx.head_quant else ctx.draft.lm_head
+    return ctx.draft.restricted(*drafting_head(head, None, keep, ctx.head_quant, ctx.draft.dtype, "the draft model"))
+
+
+def drafting_head(head: nn.Module, head_tokens: torch.Tensor | None, keep: torch.Tensor | None, scheme: str,
+                  dtype: torch.dtype, what: str) -> tuple[nn.Module, torch.Tensor | None]:
+    """(the head a drafter drafts through, its rows' tokens): `head`'s rows of the map's tokens where
+    `keep` (--token-map), as a copy quantized to `scheme` where one is named (HEAD of --draft-quant
+    BODY/HEAD) from its weights in `dtype` (the activations'), so the same numbers as those rows of the
+    whole head quantized (each row quantizes on its own). head_tokens: as restrict's, returned as they
+    are without a map."""
+    if keep is not None:
+        head, head_tokens = restrict(head, head_tokens, keep, what)
+    if scheme:
+        if type(head) is not Linear:
+            raise SpecliteError(f"--draft-quant BODY/{scheme} drafts through a quantized copy of {what}'s head, "
+                                "which is quantized already: name the body's scheme alone")
+        dense = Linear.holding(head.weight.detach().to(dtype))
+        head = quantized_linear(dense, normalize_scheme(scheme, LOAD_TIME_SCHEMES))
+    return head, head_tokens
 
 
 def dense_head(model, model_dir: Path) -> Linear:

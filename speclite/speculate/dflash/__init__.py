@@ -12,10 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torch import nn
-
-from speclite.errors import SpecliteError
-from speclite.model.decoder import Linear
 from speclite.speculate.dflash.draft import DFlashDraft
 from speclite.speculate.dflash.load import load_drafter
 from speclite.speculate.dflash.proposer import DFlashProposer
@@ -29,36 +25,23 @@ __all__ = ["DFlashDraft", "DFlashProposer", "load_draft", "load_drafter"]
 
 def load_draft(draft_dir: str | Path, target, quant: str | None = None, mask_token: int | None = None) -> DFlashDraft:
     """The drafter for `target` (its device and dtype), its layers quantized at load like any draft's
-    (--draft-quant BODY; a HEAD scheme is for its copy of the target's head, _build)."""
+    (--draft-quant BODY: it has no head; a HEAD scheme is for its copy of the target's, _build)."""
     device, dtype = target.model.norm.weight.device, target.dtype  # the activations' (a table may be 16-bit)
     draft = load_drafter(draft_dir, target.args, device, dtype, mask_token)
     if quant:
         from speclite.quant import quantize_model
 
-        quantize_model(draft, quant.partition("/")[0])
+        quantize_model(draft, quant)
     return draft
 
 
 def _build(ctx: BuildContext) -> DFlashProposer:
-    draft = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant, ctx.options["mask_token_id"])
-    keep = token_map.tokens(ctx)
-    head, tokens = (ctx.target.lm_head, None) if keep is None else token_map.restrict(
-        ctx.target.lm_head, None, keep, "the target")
-    if ctx.head_quant:  # drafting through a quantized copy of the target's head (or of the map's rows of it)
-        head = quantized_head(head, ctx.head_quant, ctx.target.dtype)
+    draft = load_draft(ctx.draft_dir, ctx.target, ctx.body_quant, ctx.options["mask_token_id"])
+    # A map's rows of the target's head, or a quantized copy of them (HEAD of --draft-quant BODY/HEAD).
+    head, tokens = token_map.drafting_head(ctx.target.lm_head, None, token_map.tokens(ctx), ctx.head_quant,
+                                           ctx.target.dtype, "the target")
     return DFlashProposer(draft, ctx.target.model.embed_tokens, head, ctx.max_len, tokens,
                           own_head=head is not ctx.target.lm_head)
-
-
-def quantized_head(head, scheme: str, dtype) -> nn.Module:
-    from speclite.quant.quantize import quantized_linear
-    from speclite.quant.schemes import LOAD_TIME_SCHEMES, normalize_scheme
-
-    if type(head) is not Linear:
-        raise SpecliteError(f"--draft-quant BODY/{scheme}: DFlash drafts through a quantized copy of the target's "
-                            "head, which is quantized already: name the body's scheme alone")
-    dense = Linear.holding(head.weight.detach().to(dtype))  # the activations' dtype
-    return quantized_linear(dense, normalize_scheme(scheme, LOAD_TIME_SCHEMES))
 
 
 register(Method(

@@ -30,10 +30,8 @@ def load_draft(head_dir: str | Path, target, quant: str | None = None) -> Eagle3
 
 
 def _build(ctx: BuildContext) -> Eagle3Proposer:
-    head = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant)
-    keep = token_map.tokens(ctx)
-    if keep is not None:
-        head.restrict_vocab(keep)
+    head = load_draft(ctx.draft_dir, ctx.target, ctx.body_quant)
+    head.draft_through(token_map.tokens(ctx), ctx.head_quant, ctx.target.dtype)
     return Eagle3Proposer(head, ctx.target.model.embed_tokens, ctx.max_len, ctx.target_vocab, **tree_args(ctx.options))
 
 

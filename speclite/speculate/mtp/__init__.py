@@ -38,10 +38,8 @@ def load_draft(module_dir: str | Path | None, target, quant: str | None = None) 
 
 
 def _build(ctx: BuildContext) -> MTPProposer:
-    module = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant)
-    keep = token_map.tokens(ctx)
-    if keep is not None:
-        module.restrict_vocab(keep)
+    module = load_draft(ctx.draft_dir, ctx.target, ctx.body_quant)
+    module.draft_through(token_map.tokens(ctx), ctx.head_quant, ctx.target.dtype)
     return MTPProposer(module, ctx.target.model.embed_tokens, ctx.max_len, ctx.target_vocab, **tree_args(ctx.options))
 
 
