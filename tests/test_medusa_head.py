@@ -89,18 +89,30 @@ def test_medusa2_config_and_vllm_variants(tmp_path, target):
 
 
 def test_heads_without_an_lm_head_use_the_targets(tmp_path, target):
-    """vLLM's original_lm_head with only the blocks saved: the target's lm_head, not a copy, and
-    --draft-quant leaves it as the target has it."""
+    """vLLM's original_lm_head with only the blocks saved: the target's lm_head, not a copy; with
+    --draft-quant, one copy of it quantized alike that every head shares (the target keeps its own)."""
+    from speclite.model.decoder import Linear
+    from speclite.quant.quantize import quantize_lm_head
+
     state = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(2))
     t = save_heads(tmp_path, "vllm-target-head", HIDDEN, target.args.vocab_size, heads=3, layers=2, seed=6,
                    base=target.lm_head.weight)
     weight = target.lm_head.weight.clone()
-    for quant in (None, "int8"):
-        heads = load_draft(tmp_path, target, quant)
-        assert heads.shared == [target.lm_head] and not any("lm_head" in n for n, _ in heads.named_parameters())
-        torch.testing.assert_close(heads(state).double(), reference_logits(t, state, 3, 2), atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(heads(state, 2).double(), reference_logits(t, state, 2, 2), atol=1e-4, rtol=1e-4)
-        assert target.lm_head.weight.dtype == torch.float32 and torch.equal(target.lm_head.weight, weight)
+    heads = load_draft(tmp_path, target)
+    assert heads.shared == [target.lm_head] and not any("lm_head" in n for n, _ in heads.named_parameters())
+    torch.testing.assert_close(heads(state).double(), reference_logits(t, state, 3, 2), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(heads(state, 2).double(), reference_logits(t, state, 2, 2), atol=1e-4, rtol=1e-4)
+    for quant in ("w8a8", "int4"):
+        quantized = load_draft(tmp_path, target, quant)
+        expected = torch.nn.Module()
+        expected.lm_head = Linear.holding(weight)
+        quantize_lm_head(expected, quant)
+        assert quantized.shared == [quantized.rows] and type(quantized.rows) is type(expected.lm_head) is not Linear
+        assert any(m is quantized.rows for m in quantized.modules())  # counted in the heads' memory
+        with torch.inference_mode():
+            blocks = torch.stack([head.blocks(state) for head in quantized.heads])
+            assert torch.equal(quantized(state), expected.lm_head(blocks))
+    assert type(target.lm_head) is Linear and torch.equal(target.lm_head.weight, weight)
 
 
 @pytest.mark.parametrize("layers, hidden, message", [

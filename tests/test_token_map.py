@@ -312,7 +312,7 @@ def test_medusa_heads_restricted_own_or_shared(layout, tmp_path):
     save_heads(tmp_path / "heads", layout, 64, vocab, heads=3, seed=3, base=target.lm_head.weight)
     keep = torch.tensor(sorted(random.Random(6).sample(range(vocab), vocab // 2)))
     whole, part = load_draft(tmp_path / "heads", target), load_draft(tmp_path / "heads", target)
-    part.restrict_vocab(keep)
+    part.draft_through(keep, None, torch.float32)
     state = torch.randn(64)
     with torch.inference_mode():
         full, restricted = whole(state), part(state)

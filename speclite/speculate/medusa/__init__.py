@@ -23,20 +23,13 @@ __all__ = ["MedusaHeads", "MedusaProposer", "load_draft", "load_heads"]
 
 def load_draft(head_dir: str | Path, target, quant: str | None = None, keep=None) -> MedusaHeads:
     """The heads for `target` (its device and dtype), over the tokens of `keep` only where given
-    (--token-map); --draft-quant then quantizes each head's own lm_head (heads using the target's
-    leave it as the target has it)."""
+    (--token-map), their lm_heads quantized to `quant` (--draft-quant): each head's own, or one copy of
+    the target's that heads without their own share (the target keeps its own)."""
     device, dtype = target.model.norm.weight.device, target.dtype  # the activations' (a table may be 16-bit)
     heads = load_heads(head_dir, target.args, device, dtype)
-    own = heads.heads[0].lm_head is not None
-    if not own:
+    if heads.heads[0].lm_head is None:
         heads.shared.append(target.lm_head)
-    if keep is not None:
-        heads.restrict_vocab(keep)
-    if own and quant:
-        from speclite.quant import quantize_lm_head
-
-        for head in heads.heads:
-            quantize_lm_head(head, quant)
+    heads.draft_through(keep, quant, dtype)
     return heads
 
 

@@ -4,7 +4,7 @@ Head i is `num_layers` residual blocks x + SiLU(W x + b) and an lm_head (no bias
 target's (vLLM's `original_lm_head` with no head in the checkpoint). The target's own logits give
 the next token; head 0 guesses the one after it, head 1 the one after that, and so on. Submodule
 names: heads.{i}.layers.{j}, heads.{i}.lm_head (load.py maps both published layouts onto them);
-each head's own `lm_head` is what --draft-quant quantizes, as for a model's.
+each head's `lm_head` is what --draft-quant quantizes (heads sharing the target's: one quantized copy).
 """
 
 from __future__ import annotations
@@ -41,15 +41,19 @@ class MedusaHeads(nn.Module):
     def __len__(self) -> int:
         return len(self.heads)
 
-    def restrict_vocab(self, keep: torch.Tensor) -> None:
-        """Draft the tokens of `keep` only (--token-map): each head's rows of them; heads sharing the
-        target's lm_head share a copy of its rows (the heads' own weights now: `rows`)."""
+    def draft_through(self, keep: torch.Tensor | None, scheme: str | None, dtype: torch.dtype) -> None:
+        """Draft the tokens of `keep` only (--token-map): each head's rows of them; and/or through
+        lm_heads quantized to `scheme` (--draft-quant) from their `dtype` weights. Heads sharing the
+        target's lm_head share one copy of its rows or its quantized weights (the heads' own: `rows`)."""
         if self.shared:
-            self.rows, self.vocab_map = token_map.restrict(self.shared[0], None, keep, "the target")
-            self.shared = [self.rows]
+            if keep is not None or scheme:
+                self.rows, self.vocab_map = token_map.drafting_head(self.shared[0], None, keep, scheme, dtype,
+                                                                    "the target")
+                self.shared = [self.rows]
             return
         for i, head in enumerate(self.heads):
-            head.lm_head, self.vocab_map = token_map.restrict(head.lm_head, None, keep, f"Medusa head {i}")
+            head.lm_head, self.vocab_map = token_map.drafting_head(head.lm_head, None, keep, scheme, dtype,
+                                                                   f"Medusa head {i}")
 
     def forward(self, state: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """Logits [n, ..., V] of the first n heads (all by default) for final states [..., H]."""
