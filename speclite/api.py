@@ -69,6 +69,10 @@ class SpecConfig:
         if isinstance(k, int) and not 0 <= k <= 64:
             raise SpecliteError(f"--gen-num-per-cycle must be between 0 and 64, got {k}")
         check_names(self.verify, self.accept_policy)
+        takes_draft = method != NONE and get_method(method).takes_draft
+        for value, flag in ((self.draft, "--draft"), (self.draft_quant, "--draft-quant")):
+            if value is not None and not takes_draft:
+                raise SpecliteError(f"{flag} is not used by --sp-type {method}: it has no draft")
         options = method_options(method, self.options, k) if method != NONE else {}
         return replace(self, method=method, k=k, options=options)
 

@@ -6,7 +6,6 @@ import functools
 
 import click
 
-from speclite.errors import SpecliteError
 
 QUANT_SCHEMES = ("fp8-block", "int4", "w8a8")
 
@@ -107,8 +106,6 @@ def build_llm(ctx, model, device, dtype, quant, max_model_len, static, sp_type, 
     if model is None:
         model = load_registry(models_file).default_target
     method = get_method(sp_type) if sp_type != NONE else None
-    if draft is not None and not (method and method.takes_draft):
-        raise SpecliteError(f"--draft is not used by --sp-type {sp_type}")
     # Only the chosen method's options: the other methods' flags keep their defaults, unused.
     own = {o.name for o in method.options} if method else set()
     options = {name: value for name, value in split_method_options(method_opts).items() if name in own}

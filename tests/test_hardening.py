@@ -319,6 +319,9 @@ def flag_cases(root, inp):
         (base + ["--max-new-tokens", "abc"], 2, "'abc' is not a valid integer"),
         (base + ["--nope"], 2, "No such option"),
         (base + ["--sp-type", "vanilla", "--gen-num-per-cycle", "99"], 1, "between 0 and 64"),
+        (base + ["--draft-quant", "int4"], 1, "--draft-quant is not used by --sp-type none"),
+        (base + ["--sp-type", "medusa", "--draft", "tiny-code-medusa", "--draft-quant", "int4/int4"], 1,
+         "Medusa heads take one scheme, their lm_heads' (--draft-quant int4)"),
         # An MTP module reading the target's head drafts through a copy quantized to HEAD: not from a
         # head quantized already.
         (base + ["--quant", "int4/int4", "--sp-type", "mtp", "--draft", "tiny-code-mtp", "--draft-quant", "int4/int4"],

@@ -115,6 +115,18 @@ def test_cli_rejects_a_draft_for_a_method_without_one(pair, tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("config, message", [
+    (SpecConfig("deterministic", draft="tiny-code-draft"), "--draft is not used by --sp-type deterministic"),
+    (SpecConfig("suffix", draft_quant="int4"), "--draft-quant is not used by --sp-type suffix"),
+    (SpecConfig(draft_quant="w8a8"), "--draft-quant is not used by --sp-type none"),
+    (SpecConfig.from_vllm({"method": "ngram", "quantization": "int4"}), "--draft-quant is not used by --sp-type deterministic"),
+])
+def test_a_draft_or_its_quantization_for_a_method_without_a_draft_is_an_error(config, message):
+    # The API and the server as the CLI: a draft that would not be used is refused, not ignored.
+    with pytest.raises(SpecliteError, match=message):
+        config.validated()
+
+
 def test_a_method_may_load_its_own_draft(pair):
     """draft_is_model=False: the builder gets --draft's directory (a head loads itself), not a model."""
     seen = []

@@ -22,7 +22,7 @@ from speclite.quant.bnb import nf4_linear
 from speclite.quant.fp8 import quantize_fp8_blocks
 from speclite.quant.int4 import quantize_rtn, rtn_gptq
 from speclite.quant.int8 import quantize_int8_channel
-from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
+from speclite.quant.linear import Fp8Linear, Int4Linear, Int8Linear
 from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, LOAD_TIME_SCHEMES, NF4,
                                     check_method, normalize_scheme, quantization_config,
                                     quantized_bytes)

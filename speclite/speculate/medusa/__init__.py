@@ -44,6 +44,9 @@ def _check(options: dict) -> None:
 
 def _build(ctx: BuildContext) -> MedusaProposer:
     o = ctx.options
+    if ctx.head_quant:
+        raise SpecliteError(f"--draft-quant {ctx.draft_quant}: Medusa heads take one scheme, their lm_heads' "
+                            f"(--draft-quant {ctx.head_quant}), not BODY/HEAD")
     heads = load_draft(ctx.draft_dir, ctx.target, ctx.draft_quant, token_map.tokens(ctx))
     tree = parse_tree(o["medusa_tree"]) if o["medusa_tree"] is not None else None
     depth = max(map(len, tree)) if tree else 1
