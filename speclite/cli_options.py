@@ -5,6 +5,9 @@ from __future__ import annotations
 import functools
 
 import click
+from click.core import ParameterSource
+
+from speclite.errors import SpecliteError
 
 
 QUANT_SCHEMES = ("fp8-block", "int4", "w8a8")
@@ -96,6 +99,9 @@ def sampling_options(f):
     return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
 
 
+GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # a flag the user set, not its default
+
+
 def build_llm(ctx, model, device, dtype, quant, max_model_len, static, sp_type, draft, draft_quant, k, verify,
               accept_policy, **method_opts):
     from speclite.api import LLM, SpecConfig
@@ -106,8 +112,13 @@ def build_llm(ctx, model, device, dtype, quant, max_model_len, static, sp_type, 
     if model is None:
         model = load_registry(models_file).default_target
     method = get_method(sp_type) if sp_type != NONE else None
-    # Only the chosen method's options: the other methods' flags keep their defaults, unused.
+    # Only the chosen method's options: another method's flag given on the command line is a mistake
+    # to name (it would be ignored); left out, it keeps its default, unused.
     own = {o.name for o in method.options} if method else set()
+    for name in method_opts:
+        if name.removeprefix("opt_") not in own and ctx.get_parameter_source(name) in GIVEN:
+            flag = next(p.opts[0] for p in ctx.command.params if p.name == name)
+            raise SpecliteError(f"{flag} is not used by --sp-type {sp_type}")
     options = {name: value for name, value in split_method_options(method_opts).items() if name in own}
     spec = SpecConfig(method=sp_type, k=k, draft=draft, draft_quant=draft_quant, verify=verify,
                       accept_policy=accept_policy, options=options)
