@@ -6,7 +6,7 @@ its own process, whose peak RSS comes from wait4(). MB/s is input checkpoint MB 
 whole wall time (interpreter start and imports included); phase MB/s over the time quantize itself
 reports for reading, quantizing and writing the weights (its summary's "quantized linears ... in S s").
 
-    python benchmarks/quantize.py --shapes qwen2.5-0.5b,qwen2.5-1.5b --schemes int4,fp8-block,w8a8,gptq
+    python benchmarks/quantize.py --shapes qwen2.5-0.5b,qwen2.5-1.5b --schemes int4,fp8-block,w8a8,gptq,awq
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def mb(path: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b", help="shipped configs (speclite/configs)")
-    ap.add_argument("--schemes", default="int4,fp8-block,w8a8,gptq", help="rtn schemes, and gptq (int4)")
+    ap.add_argument("--schemes", default="int4,fp8-block,w8a8,gptq", help="rtn schemes, and gptq / awq (int4)")
     ap.add_argument("--layers", type=int, default=None, help="fewer decoder layers (default: the config's)")
-    ap.add_argument("--gptq-samples", type=int, default=8, help="calibration windows for gptq")
+    ap.add_argument("--gptq-samples", type=int, default=8, help="calibration windows for gptq and awq")
     ap.add_argument("--gptq-seq-len", type=int, default=128)
     ap.add_argument("--shard-size", type=int, default=2048, help="output shard MB (quantize's default)")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
@@ -82,8 +82,8 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             cmd = [sys.executable, "-m", "speclite.cli", "quantize", str(src), "-o", str(out), "--no-eval",
                    "--shard-size", str(args.shard_size)]
-            if scheme == "gptq":
-                cmd += ["--scheme", "int4", "--method", "gptq", "--calib-samples", str(args.gptq_samples),
+            if scheme in ("gptq", "awq"):
+                cmd += ["--scheme", "int4", "--method", scheme, "--calib-samples", str(args.gptq_samples),
                         "--seq-len", str(args.gptq_seq_len)]
             else:
                 cmd += ["--scheme", scheme]

@@ -114,8 +114,8 @@ def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, to
 @cli.command()
 @click.argument("model")
 @click.option("--scheme", type=click.Choice(QUANT_SCHEMES), required=True)
-@click.option("--method", type=click.Choice(["rtn", "gptq", "smoothquant"]), default="rtn", show_default=True,
-              help="rtn: any scheme, no data; gptq: int4, through GPTQModel (speclite[gptq]); smoothquant: w8a8.")
+@click.option("--method", type=click.Choice(["rtn", "gptq", "awq", "smoothquant"]), default="rtn", show_default=True,
+              help="rtn: any scheme, no data; gptq, awq: int4, through GPTQModel (speclite[gptq]); smoothquant: w8a8.")
 @click.option("--group-size", type=int, default=128, show_default=True)
 @click.option("--sym", is_flag=True, help="Symmetric int4 (default asymmetric).")
 @click.option("--act-order", is_flag=True, help="GPTQ: quantize columns in order of activation size.")

@@ -110,8 +110,11 @@ def test_scheme_aliases_and_bad_input(tiny, tmp_path):
     assert [normalize_scheme(s) for s in ("FP8_PER_BLOCK", "int4", "W8A8", "fp8-block")] == ["fp8-block", "int4", "w8a8", "fp8-block"]
     with pytest.raises(SpecliteError, match="unknown quantization scheme"):
         normalize_scheme("int3")
-    with pytest.raises(SpecliteError, match="does not apply"):
-        quantize_to_dir(tiny, tmp_path / "a", "fp8-block", method="gptq")
+    for method in ("gptq", "awq"):
+        with pytest.raises(SpecliteError, match="does not apply"):
+            quantize_to_dir(tiny, tmp_path / "a", "fp8-block", method=method)
+    with pytest.raises(SpecliteError, match="--sym does not apply to --method awq"):
+        quantize_to_dir(tiny, tmp_path / "a", "int4", method="awq", sym=True)
     with pytest.raises(SpecliteError, match="cannot read calibration file"):
         quantize_to_dir(tiny, tmp_path / "b", "int4", method="gptq", calib=tmp_path / "missing.txt")
     (tmp_path / "full").mkdir()

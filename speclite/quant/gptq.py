@@ -1,8 +1,11 @@
-"""`--method gptq` through GPTQModel, the maintained successor of AutoGPTQ (extra `speclite[gptq]`).
+"""`--method gptq` and `--method awq` through GPTQModel, the maintained successor of AutoGPTQ (extra
+`speclite[gptq]`).
 
-GPTQModel runs the algorithm (Hessians, error feedback, act-order) and writes the GPTQ checkpoint
-(v1 zero-point convention) with its tokenizer and configs; speclite chooses the calibration windows
-and loads the result like any published GPTQ model. It is imported only here, on demand: it
+GPTQModel runs the algorithm (GPTQ: Hessians, error feedback, act-order; AWQ: per-channel scales
+searched on the calibration activations and folded into the preceding norm or linear, then the
+clipping search) and writes the checkpoint (GPTQ's v1 zero-point convention, AWQ's GEMM packing)
+with its tokenizer and configs; speclite chooses the calibration windows and loads the result like
+any published GPTQ or AWQ model. It is imported only here, on demand: it
 pulls in datasets/pandas/pyarrow and pins an older numpy, so the base install stays without it.
 """
 
@@ -26,8 +29,9 @@ INSTALL_HINT = "pip install 'speclite[gptq]' -c constraints.txt"
 
 
 def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tensor], group_size: int, sym: bool,
-                       act_order: bool, device: torch.device, shard_bytes: int) -> str:
-    """Quantize every decoder linear of model_dir to 4-bit GPTQ into out_dir; returns GPTQModel's version."""
+                       act_order: bool, device: torch.device, shard_bytes: int, method: str = "gptq") -> str:
+    """Quantize every decoder linear of model_dir to 4 bits with `method` (gptq, awq) into out_dir;
+    returns GPTQModel's version."""
     # GPTQModel sizes its CPU worker pool from this and stalls on a 2-core machine without it.
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
     model_dir, out_dir = Path(model_dir).resolve(), Path(out_dir).resolve()
@@ -37,16 +41,25 @@ def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tenso
         try:
             gptqmodel, GPTQModel, QuantizeConfig = _import_gptqmodel()
         except ImportError as e:
-            raise SpecliteError(f"--method gptq needs GPTQModel ({e.name or e} is missing): {INSTALL_HINT}") from None
+            raise SpecliteError(f"--method {method} needs GPTQModel ({e.name or e} is missing): {INSTALL_HINT}") from None
+        from gptqmodel.quantization.config import FORMAT, METHOD
+        from gptqmodel.utils.backend import BACKEND
+
         # offload_to_disk (GPTQModel 7.6's default, pinned here): load() builds the model on
         # meta and reads each block from the checkpoint when it is quantized, then offloads it to
-        # disk, so peak memory is one block, its Hessians and the embeddings, whatever the depth.
-        config = QuantizeConfig(bits=4, group_size=group_size, sym=sym, desc_act=act_order, offload_to_disk=True,
-                                offload_to_disk_path=os.path.join(scratch, "offload"))
+        # disk, so peak memory is one block, its Hessians (AWQ: its activations) and the embeddings.
+        offload = dict(offload_to_disk=True, offload_to_disk_path=os.path.join(scratch, "offload"))
+        if method == "awq":
+            config = QuantizeConfig(bits=4, group_size=group_size, sym=False, quant_method=METHOD.AWQ, format=FORMAT.GEMM,
+                                    **offload)  # sym=False: zero points, as AWQ checkpoints keep them
+        else:
+            config = QuantizeConfig(bits=4, group_size=group_size, sym=sym, desc_act=act_order, **offload)
+        # Off CUDA, GPTQModel checks AWQ's CUDA GEMM kernel before it starts unless its torch kernel packs.
+        backend = BACKEND.AWQ_TORCH if method == "awq" and device.type != "cuda" else BACKEND.AUTO
         calibration = [{"input_ids": w.tolist(), "attention_mask": [1] * w.numel()} for w in windows]
         model = GPTQModel.load(str(model_dir), config, device=str(device))
         model.layer_callback = _release_freed_heap
-        model.quantize(calibration, batch_size=1)
+        model.quantize(calibration, batch_size=1, backend=backend)
         outside = _drop_outside_blocks(model.model)
         model.save(str(out_dir), max_shard_size=shard_bytes)
     _add_from_source(model_dir, out_dir, outside, shard_bytes)

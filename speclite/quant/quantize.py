@@ -99,13 +99,13 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     try:
         check_free_space(out_dir.parent, sum(quantized_bytes(scheme, source.shapes[n], group_size) if n in linears
                                              else source.nbytes[n] for n in source.names()))
-        if method == "gptq":
+        if method in ("gptq", "awq"):
             from speclite.quant.gptq import gptqmodel_quantize
 
-            progress.note("gptq: GPTQModel quantizes block by block (its per-layer log follows)")
+            progress.note(f"{method}: GPTQModel quantizes block by block (its per-layer log follows)")
             version = gptqmodel_quantize(model_dir, staging, windows, group_size, sym, act_order, device,
-                                         shard_bytes)
-            progress.note(f"gptq: written by GPTQModel {version}")
+                                         shard_bytes, method)
+            progress.note(f"{method}: written by GPTQModel {version}")
             finish(staging, out_dir, model_dir, None)
         else:
             writer = ShardWriter(staging, shard_bytes)
@@ -212,8 +212,10 @@ def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, cal
         raise SpecliteError(f"--group-size must be a positive multiple of 8, got {group_size}")
     if act_order and method != "gptq":
         raise SpecliteError("--act-order needs --method gptq")
+    if sym and method == "awq":
+        raise SpecliteError("--sym does not apply to --method awq: AWQ's checkpoints keep zero points")
     if calib is not None and method == "rtn":
-        raise SpecliteError("--calib is used only by --method gptq or smoothquant; rtn needs no data")
+        raise SpecliteError("--calib is used only by --method gptq, awq or smoothquant; rtn needs no data")
     if not 0.0 <= alpha <= 1.0:
         raise SpecliteError(f"--alpha must lie in [0, 1], got {alpha}")
     if calib_samples < 1 or seq_len < 2:

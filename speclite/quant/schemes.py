@@ -10,7 +10,7 @@ SCHEMES = (FP8_BLOCK, INT4, W8A8)  # what `speclite quantize` writes
 LOAD_TIME_SCHEMES = (*SCHEMES, NF4)
 # RTP-LLM style spellings users already type (--sp-quantization FP8_PER_BLOCK ...).
 ALIASES = {"fp8_per_block": FP8_BLOCK, "fp8-per-block": FP8_BLOCK, "fp8": FP8_BLOCK, "fp8_block": FP8_BLOCK}
-METHODS = {FP8_BLOCK: ("rtn",), INT4: ("rtn", "gptq"), W8A8: ("rtn", "smoothquant")}
+METHODS = {FP8_BLOCK: ("rtn",), INT4: ("rtn", "gptq", "awq"), W8A8: ("rtn", "smoothquant")}
 FP8_BLOCK_SIZE = (128, 128)
 # The linears of every decoder block; lm_head and embeddings always stay high precision.
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
