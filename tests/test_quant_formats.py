@@ -115,6 +115,10 @@ def test_scheme_aliases_and_bad_input(tiny, tmp_path):
             quantize_to_dir(tiny, tmp_path / "a", "fp8-block", method=method)
     with pytest.raises(SpecliteError, match="--sym does not apply to --method awq"):
         quantize_to_dir(tiny, tmp_path / "a", "int4", method="awq", sym=True)
+    with pytest.raises(SpecliteError, match=r"--method awq needs .* multiple of 64 .*k_proj.weight is \d+ x"):
+        quantize_to_dir(save_tiny_model(tmp_path / "narrow", hidden=64, intermediate=128), tmp_path / "a", "int4",
+                        method="awq", group_size=32)
+    assert not (tmp_path / "a").exists()
     with pytest.raises(SpecliteError, match="cannot read calibration file"):
         quantize_to_dir(tiny, tmp_path / "b", "int4", method="gptq", calib=tmp_path / "missing.txt")
     (tmp_path / "full").mkdir()

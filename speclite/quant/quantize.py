@@ -94,6 +94,8 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     linears = {n for n in source.names() if _LINEAR_WEIGHT.fullmatch(n)}
     if not linears:
         raise SpecliteError(f"{model_dir}: found no decoder linear weights to quantize")
+    if method == "awq":
+        _check_awq_shapes({n: source.shapes[n] for n in linears}, group_size)
     staging = prepare_out_dir(model_dir, out_dir)
     writing = time.perf_counter()
     try:
@@ -222,6 +224,15 @@ def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, cal
         raise SpecliteError("--calib-samples must be >= 1 and --seq-len >= 2")
     if sym and scheme != INT4:
         raise SpecliteError(f"--sym applies to int4 only ({scheme} is always symmetric)")
+
+
+def _check_awq_shapes(shapes: dict[str, tuple[int, ...]], group_size: int) -> None:
+    """GPTQModel's AWQ clips output rows 64 at a time and searches whole groups of input columns: a
+    linear that does not divide so would stop it with an assertion deep inside, after the work before."""
+    for name, (rows, columns) in sorted(shapes.items()):
+        if rows % 64 or columns % group_size:
+            raise SpecliteError(f"--method awq needs each linear's output size a multiple of 64 and input size a "
+                                f"multiple of --group-size {group_size}: {name} is {rows} x {columns}")
 
 
 def _tokenizer(model_dir: Path, required: bool):
