@@ -172,6 +172,8 @@ def test_plot_is_a_png(pair, tmp_path):
     (["--top-k", "-2"], "top_k"),
     (["--json", "/nonexistent/dir/b.json"], "cannot write --json"),
     (["--sp-type", "vanilla"], "needs a draft"),
+    (["--sp-type", "suffix,deterministic", "--draft-quant", "int4"],
+     "--draft-quant is not used by --sp-type suffix,deterministic: no method there has a draft"),
 ])
 def test_bad_input_is_one_clear_error(pair, args, message):
     target, _ = pair

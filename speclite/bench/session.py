@@ -141,6 +141,10 @@ def _run(o: BenchOptions, on_start, on_run) -> dict:
         if missing:
             raise SpecliteError(f"--sp-type {missing[0]} needs a draft: pass --draft (or --synthetic-draft); "
                                 f"models.toml recommends none for it with '{model}'")
+        unused = [flag for flag, value in (("--draft", o.draft), ("--synthetic-draft", o.synthetic_draft),
+                                           ("--draft-quant", o.draft_quant)) if value]
+        if unused and not any(get_method(m).takes_draft for m in methods):
+            raise SpecliteError(f"{unused[0]} is not used by --sp-type {','.join(methods) or 'plain'}: no method there has a draft")
         maps = parse_maps((o.method_options or {}).get("token_map"))  # a list here: rows side by side
         configs = build_sweep(methods, ks, quants, o.accept_policy, drafts, maps)
         used: dict[str, list[str]] = {}  # draft -> the methods that run with it; each is loaded once
