@@ -159,9 +159,9 @@ def test_gptq_without_gptqmodel_is_one_clear_error(tmp_path, monkeypatch, method
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_gptqmodel)
-    model = save_tiny_model(tmp_path / "model", hidden=64, intermediate=128, seed=4)
+    model = save_tiny_model(tmp_path / "model", hidden=128, intermediate=256, seed=4)  # shapes AWQ takes
     with pytest.raises(SpecliteError, match=rf"--method {method} needs GPTQModel .*speclite\[gptq\]"):
-        quantize_to_dir(model, tmp_path / method, "int4", method=method, calib_samples=2, seq_len=32)
+        quantize_to_dir(model, tmp_path / method, "int4", method=method, group_size=32, calib_samples=2, seq_len=32)
 
 
 def w8a8_logits(path, tokens):
