@@ -9,7 +9,6 @@ from click.core import ParameterSource
 
 from speclite.errors import SpecliteError
 
-
 QUANT_SCHEMES = ("fp8-block", "int4", "w8a8")
 
 
