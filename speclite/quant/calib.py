@@ -47,5 +47,3 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int) -> list[
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     ids = torch.tensor(ids[: seq_len * max_windows], dtype=torch.long)
     return [w for w in ids.split(seq_len) if w.numel() > 1]
-
-

@@ -45,11 +45,11 @@ class MedusaHeads(nn.Module):
         """Draft the tokens of `keep` only (--token-map): each head's rows of them; and/or through
         lm_heads quantized to `scheme` (--draft-quant) from their `dtype` weights. Heads sharing the
         target's lm_head share one copy of its rows or its quantized weights (the heads' own: `rows`)."""
+        if keep is None and not scheme:
+            return
         if self.shared:
-            if keep is not None or scheme:
-                self.rows, self.vocab_map = token_map.drafting_head(self.shared[0], None, keep, scheme, dtype,
-                                                                    "the target")
-                self.shared = [self.rows]
+            self.rows, self.vocab_map = token_map.drafting_head(self.shared[0], None, keep, scheme, dtype, "the target")
+            self.shared = [self.rows]
             return
         for i, head in enumerate(self.heads):
             head.lm_head, self.vocab_map = token_map.drafting_head(head.lm_head, None, keep, scheme, dtype,
