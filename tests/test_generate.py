@@ -157,7 +157,7 @@ def test_prompt_longer_than_context_is_clear(model_dirs):
     from speclite.errors import SpecliteError
 
     llm = LLM(model_dirs["qwen2"], max_model_len=16)
-    with pytest.raises(SpecliteError, match="does not fit the context"):
+    with pytest.raises(SpecliteError, match="does not fit the maximum context length"):
         llm.generate("the quick brown fox " * 20, SamplingParams(max_new_tokens=4))
 
 

@@ -81,7 +81,7 @@ BAD_REQUESTS = [
     ({"messages": [{"role": "robot", "content": "hi"}]}, "chat template of"),
     ({"messages": [{"role": "divide", "content": "hi"}]}, "chat template of"),
     ({"messages": [{"role": "sandbox", "content": "hi"}]}, "chat template of"),
-    ({"prompt": "def f(x): " * 200}, "does not fit the context of 64 tokens"),
+    ({"prompt": "def f(x): " * 200}, "does not fit the maximum context length of 64 tokens"),
     ("{not json", "is not valid JSON"),
     ("[1, 2]", "a request must be a JSON object"),
 ]

@@ -66,8 +66,10 @@ def _finish_references(proc, out) -> dict:
 def server(references):
     """Base URL of a server on a free port; always terminated."""
     port = free_port()
+    # --temperature 0: requests that send none decode greedily, as the references (OpenAI's default is 1).
     proc = subprocess.Popen([sys.executable, "-m", "speclite.cli", "serve", *FLAGS, "--port", str(port),
-                             "--api-key", KEY, "--max-queue", "8", "--served-model-name", "coder"],
+                             "--api-key", KEY, "--max-queue", "8", "--served-model-name", "coder",
+                             "--temperature", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -112,6 +114,10 @@ SPECULATIVE_KEYS = {"avg_tokens_per_iter", "accept_rate", "accepted_per_position
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == ["coder"]
+    assert client.models.retrieve("coder").id == "coder"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found"
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
 
 
@@ -145,6 +151,7 @@ def test_chat_stream_format(server, refs):
             "stream_options": {"include_usage": True}}
     with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, headers=AUTH, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["cache-control"] == "no-cache"  # a proxy passes the events on as they come
         events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -275,6 +282,16 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
     ("completions", {"prompt": "x", "n": 2}, 400, "n"),
     ("completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs"),
+    ("completions", {"prompt": "x", "logprobs": 0}, 400, "logprobs"),  # 0 asks for the chosen tokens' ones
+    ("completions", {"prompt": ["x", "y"]}, 400, "prompt"),
+    ("completions", {"prompt": [1, 2, 3]}, 400, "prompt"),
+    ("completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("completions", {"prompt": "x", "frequency_penalty": -1}, 400, "frequency_penalty"),
+    ("completions", {"prompt": "x", "logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, 400,
+     "response_format"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, 400, "tool_choice"),
+    ("chat", {"messages": [{"role": "bogus", "content": "x"}]}, 400, "messages"),
     ("completions", {"prompt": "x", "sp_edit": "on"}, 400, "sp_edit"),
     ("completions", {"prompt": "x", "seed": 1.5}, 400, "seed"),
     ("completions", {"prompt": "x", "seed": 2**64}, 400, "seed"),
@@ -286,6 +303,9 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "def f(x):\n" * 600, "max_tokens": 4, "stream": True}, 400, None),
     ("completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
 ]
+# What clients send on every request meaning "not asked" (LangChain: the penalties at 0, no logit_bias).
+NOT_ASKED = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "logprobs": False,
+             "response_format": {"type": "text"}, "tool_choice": "none", "user": "someone"}
 
 
 @pytest.mark.parametrize("route,body,status,param", BAD_REQUESTS)
@@ -299,18 +319,32 @@ def test_bad_request_is_an_openai_error(server, route, body, status, param):
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
 
 
-def test_context_error_names_the_sizes(server):
+def test_fields_at_their_not_asked_values_are_accepted(client, refs):
+    r = client.chat.completions.create(model="coder", messages=MESSAGES[0], max_tokens=MAX_TOKENS, extra_body=NOT_ASKED)
+    assert r.choices[0].message.content == refs["m0"]
+    r = client.completions.create(model="coder", prompt=[CODE[0]], max_tokens=MAX_TOKENS)  # a list of one
+    assert r.choices[0].text == refs["p0"]
+
+
+def test_context_error_names_the_sizes_and_openai_code(server):
     r = httpx.post(f"{server}/v1/completions", headers=AUTH, json={"prompt": "def f(x):\n" * 600})
-    assert "context of 2048 tokens" in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert "maximum context length of 2048 tokens" in error["message"]
+    assert error["code"] == "context_length_exceeded"
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
+                                     {"Authorization": f"Basic {KEY}"}])
 def test_api_key_required_on_v1(server, headers):
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions")):
         r = httpx.request(method, f"{server}{path}", headers=headers, json={"prompt": "x"})
         assert r.status_code == 401
         assert r.json()["error"]["type"] == "authentication_error"
     assert httpx.get(f"{server}/health").status_code == 200  # probes need no key
+
+
+def test_auth_scheme_is_case_insensitive(server):
+    assert httpx.get(f"{server}/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
 
 
 def test_unknown_route_is_an_openai_404(server):

@@ -54,3 +54,36 @@ def test_speculative_edit_through_extra_body(http):
     assert edit.choices[0].text == text
     spec, base = edit.usage.model_extra["speculative"], plain.usage.model_extra["speculative"]
     assert spec["iter_count"] < base["iter_count"] and spec["avg_tokens_per_iter"] >= 2.5
+
+
+def serve_app(monkeypatch, *flags):
+    """The app `speclite serve` builds with these flags (uvicorn.run replaced: nothing listens)."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    from speclite.cli import cli
+
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    r = CliRunner().invoke(cli, ["serve", "--model", "tiny-code", *flags], obj={})
+    assert r.exit_code == 0, r.output
+    return TestClient(apps[0])
+
+
+def test_serve_defaults_are_openai_unless_flags_give_them(monkeypatch):
+    """A request without temperature samples at 1 and without max_tokens runs to the context's end
+    (OpenAI's defaults); --temperature and --max-new-tokens replace them."""
+    with serve_app(monkeypatch, "--max-model-len", "96") as http:
+        def text(**fields):
+            body = http.post("/v1/completions", json={"prompt": PROMPT, **fields}).json()
+            return body["choices"][0]["text"], body["choices"][0]["finish_reason"], body["usage"]["total_tokens"]
+
+        seeded = [text(seed=s) for s in (1, 2)]
+        assert seeded[0] == text(seed=1, temperature=1.0, max_tokens=96)  # the same draws: temperature 1
+        assert seeded[0][0] != seeded[1][0]
+        for _, finish, total in seeded:  # no cut at a default of its own (the last token needs no cache slot)
+            assert finish == "stop" or total == 97
+    with serve_app(monkeypatch, "--temperature", "0", "--max-new-tokens", "5") as http:
+        bodies = [http.post("/v1/completions", json={"prompt": PROMPT, "seed": s}).json() for s in (1, 2)]
+        assert bodies[0]["choices"][0]["text"] == bodies[1]["choices"][0]["text"]  # greedy
+        assert bodies[0]["usage"]["completion_tokens"] == 5

@@ -11,7 +11,7 @@ from speclite.engine.detokenize import IncrementalDetokenizer
 from speclite.engine.loop import Request, Speculation, decode
 from speclite.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
-from speclite.errors import SpecliteError
+from speclite.errors import ContextLengthError, SpecliteError
 from speclite.model import Transformer
 from speclite.model.kv_cache import shared_prefix
 
@@ -81,8 +81,8 @@ class Engine:
         if not prompt_ids:
             raise SpecliteError("the prompt is empty")
         if len(prompt_ids) >= self.max_len:
-            raise SpecliteError(
-                f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_len} tokens"
+            raise ContextLengthError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the maximum context length of {self.max_len} tokens"
             )
         cache = self.cache
         # Reuse the longest cached prefix (earlier chat turns, a shared system prompt).

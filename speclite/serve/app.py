@@ -17,6 +17,10 @@ from speclite.serve.protocol import ApiError, chunk, new_id, response, to_reques
 from speclite.serve.worker import EngineWorker, Job
 
 
+# A proxy must pass the events on as they come, not buffer the stream.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 def create_app(llm, served_name: str, api_key: str | None = None, max_queue: int = 8,
                defaults: SamplingParams | None = None) -> FastAPI:
     """An app serving `llm` as model `served_name`; `defaults` fill the sampling fields a request leaves out."""
@@ -43,8 +47,8 @@ def create_app(llm, served_name: str, api_key: str | None = None, max_queue: int
         return JSONResponse(ApiError(f"internal error: {type(e).__name__}", 500, kind="server_error").body(), 500)
 
     async def authorize(request: Request):
-        sent = request.headers.get("authorization", "").encode()
-        if api_key and not secrets.compare_digest(sent, f"Bearer {api_key}".encode()):
+        scheme, _, sent = request.headers.get("authorization", "").partition(" ")
+        if api_key and not (scheme.lower() == "bearer" and secrets.compare_digest(sent.encode(), api_key.encode())):
             raise ApiError("missing or wrong API key: send 'Authorization: Bearer KEY'", 401,
                            kind="authentication_error")
 
@@ -61,10 +65,22 @@ def create_app(llm, served_name: str, api_key: str | None = None, max_queue: int
     async def prometheus():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    model = {"id": served_name, "object": "model", "created": started, "owned_by": "speclite",
+             "max_model_len": llm.max_len}
+
+    def served(name: str) -> None:
+        if name != served_name:
+            raise ApiError(f"model '{name}' is not served here: this server serves '{served_name}'", 404,
+                           param="model", code="model_not_found")
+
     @v1.get("/models")
     async def models():
-        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": started,
-                                            "owned_by": "speclite", "max_model_len": llm.max_len}]}
+        return {"object": "list", "data": [model]}
+
+    @v1.get("/models/{name:path}")
+    async def one_model(name: str):
+        served(name)
+        return model
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
@@ -84,9 +100,8 @@ def create_app(llm, served_name: str, api_key: str | None = None, max_queue: int
             raise ApiError(f"the request body is not valid JSON: {e}") from None
         try:
             req = to_request(body, chat, defaults)
-            if body.get("model") not in (None, served_name):
-                raise ApiError(f"model '{body['model']}' is not served here: this server serves '{served_name}'",
-                               404, param="model")
+            if body.get("model") is not None:
+                served(body["model"])
         except ApiError:
             metrics.count("invalid")
             raise
@@ -101,7 +116,7 @@ def create_app(llm, served_name: str, api_key: str | None = None, max_queue: int
             if req.stream:
                 handed_to_stream = True
                 events = _sse(chat, rid, served_name, job, (kind, value), req.include_usage, watcher)
-                return StreamingResponse(events, media_type="text/event-stream")
+                return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
             while kind == "chunk":
                 kind, value = await job.events.get()
             if kind == "error":

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
-from speclite.cli_options import build_llm, console, model_options, sampling_options, sampling_params, spec_options
+from speclite.cli_options import GIVEN, build_llm, console, model_options, sampling_options, sampling_params, spec_options
 from speclite.errors import SpecliteError
+
+
+# What an OpenAI request that sends no temperature gets (the flag's own default, 0, is greedy).
+OPENAI_TEMPERATURE = 1.0
 
 
 @click.command()
@@ -24,7 +30,8 @@ from speclite.errors import SpecliteError
 @click.pass_context
 def serve(ctx, host, port, api_key, served_model_name, max_queue, print_engine_command,
           max_new_tokens, temperature, top_p, top_k, seed, **flags):
-    """Serve a model over the OpenAI API, one request at a time; sampling flags are per-request defaults."""
+    """Serve a model over the OpenAI API, one request at a time; sampling flags are per-request defaults
+    (left out: OpenAI's, temperature 1 and answers up to the end of the context)."""
     if print_engine_command:
         from speclite.serve.engine_command import engine_command
 
@@ -40,8 +47,12 @@ def serve(ctx, host, port, api_key, served_model_name, max_queue, print_engine_c
                             "pip install 'speclite[serve]'") from None
     from speclite.serve.app import create_app
 
-    defaults = sampling_params(max_new_tokens, temperature, top_p, top_k, seed)
+    given = {name for name in ("max_new_tokens", "temperature") if ctx.get_parameter_source(name) in GIVEN}
+    defaults = sampling_params(max_new_tokens, temperature if "temperature" in given else OPENAI_TEMPERATURE,
+                               top_p, top_k, seed)  # checked before the model loads
     llm = build_llm(ctx, **flags)
+    if "max_new_tokens" not in given:  # the loop stops at the end of the context
+        defaults = replace(defaults, max_new_tokens=llm.max_len)
     name = served_model_name or llm.model_name
     app = create_app(llm, name, api_key, max_queue, defaults)
     err = console(stderr=True)

@@ -17,21 +17,25 @@ FIELD_TYPES = {
     "temperature": NUMBER, "top_p": NUMBER, "top_k": int, "seed": int, "stop": (str, list),
     "stream_options": dict, "sp_advice_prompt": str, "sp_edit": (int, bool),
 }
-# Features clients may ask for that speclite does not have, with the value that means "not asked".
-UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
-               "echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
+# Features clients may ask for that speclite does not have, with the values that mean "not asked"
+# (clients such as LangChain send the penalties at 0 and an empty logit_bias on every request).
+UNSUPPORTED = {"logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "functions": ([],), "echo": (False,),
+               "best_of": (1,), "suffix": ("",), "response_format": ({"type": "text"},), "tool_choice": ("none",),
+               "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},)}
+# Chat roles of the OpenAI API; another is refused rather than handed to the chat template.
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class ApiError(Exception):
     """A request the server refuses: an HTTP status and an OpenAI-style error body."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
+                 kind: str = "invalid_request_error", headers: dict | None = None, code: str | None = None):
         super().__init__(message)
-        self.status, self.param, self.kind, self.headers = status, param, kind, headers
+        self.status, self.param, self.kind, self.headers, self.code = status, param, kind, headers, code
 
     def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -56,17 +60,15 @@ def to_request(body: object, chat: bool, defaults: SamplingParams) -> ApiRequest
         value = body.get(name)
         if value is not None and not _is(value, types):
             raise ApiError(f"'{name}' has the wrong type ({type(value).__name__})", param=name)
-    for name, defaults_ok in UNSUPPORTED.items():
-        if name in body and body[name] not in defaults_ok:
+    for name, not_asked in UNSUPPORTED.items():
+        if name in body and not any(_same(body[name], value) for value in not_asked):
             raise ApiError(f"'{name}' is not supported by speclite", param=name)
     if body.get("n", 1) != 1:
         raise ApiError(f"n must be 1: speclite generates one choice per request, got {body['n']}", param="n")
     if chat:
         key, prompt = "messages", _messages(body.get("messages"))
     else:
-        key, prompt = "prompt", body.get("prompt")
-        if not isinstance(prompt, str):
-            raise ApiError("'prompt' must be a string", param="prompt")
+        key, prompt = "prompt", _prompt(body.get("prompt"))
     # From here on: the fields a JSONL batch line has too, checked by the one request validator.
     fields = {key: prompt, "extra_config": {k: body[k] for k in ("sp_advice_prompt", "sp_edit") if k in body} or None,
               "max_new_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
@@ -90,6 +92,28 @@ def _param(message: str, body: dict) -> str | None:
     return name if name in body or name in ("messages", "prompt") else None
 
 
+def _same(value: object, expected: object) -> bool:
+    """value == expected, where a boolean equals only a boolean (logprobs 0 asks for log probabilities,
+    false does not)."""
+    if isinstance(value, bool) or isinstance(expected, bool):
+        return type(value) is type(expected) and value == expected
+    return value == expected
+
+
+def _prompt(prompt: object) -> object:
+    """A completion's prompt: a string, or a list of one (as LangChain sends it)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) > 1:
+            raise ApiError(f"one prompt per request: speclite generates one choice, got {len(prompt)} prompts",
+                           param="prompt")
+        return prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        raise ApiError("a prompt of token ids is not supported: send the text", param="prompt")
+    if not isinstance(prompt, str):
+        raise ApiError("'prompt' must be a string", param="prompt")
+    return prompt
+
+
 def _is(value: object, types) -> bool:
     types = types if isinstance(types, tuple) else (types,)
     return bool in types if isinstance(value, bool) else isinstance(value, types)
@@ -100,7 +124,10 @@ def _messages(messages: object) -> object:
     if not isinstance(messages, list):
         raise ApiError("'messages' must be a list of {role, content}", param="messages")
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if isinstance(role, str) and role not in ROLES:
+            raise ApiError(f"messages[{i}].role '{role}' is not one of {', '.join(ROLES)}", param="messages")
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)

@@ -7,7 +7,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from speclite.errors import SpecliteError
+from speclite.errors import ContextLengthError, SpecliteError
 from speclite.serve.metrics import Metrics
 from speclite.serve.protocol import ApiError, ApiRequest
 
@@ -80,7 +80,7 @@ class EngineWorker:
                 chunks.close()  # the engine's bookkeeping (cached prefix, stats) for a stopped request
         except SpecliteError as e:  # the request cannot run (e.g. longer than the context): a 400
             self.metrics.count("invalid")
-            job.emit("error", ApiError(str(e)))
+            job.emit("error", ApiError(str(e), code="context_length_exceeded" if isinstance(e, ContextLengthError) else None))
             return
         except Exception as e:  # a bug or out of memory: this request fails, the server goes on
             self.metrics.count("failed")
