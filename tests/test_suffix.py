@@ -37,6 +37,22 @@ def plain_outputs():
     return {p: llm.generate(p, GREEDY)[0].token_ids for p in PROMPTS}
 
 
+@pytest.mark.parametrize("method", ["suffix", "hybrid"])
+def test_a_stream_stopped_early_ends_before_the_next_request(plain_outputs, method):
+    """A consumer that stops iterating (a stop string met, Ctrl-C, a client gone) ends its request
+    there: its proposer's finish must not run later, when the collector reaches the abandoned
+    iterations in the middle of the next request (it crashed suffix and hybrid)."""
+    import gc
+
+    llm = LLM("tiny-code", SpecConfig(method=method, k=4))
+    for _ in llm.stream(PROMPTS[0], GREEDY):
+        break
+    stream = llm.stream(PROMPTS[1], GREEDY)
+    first = next(stream)
+    gc.collect()
+    assert first.token_ids + [t for c in stream for t in c.token_ids] == plain_outputs[PROMPTS[1]]
+
+
 @pytest.mark.parametrize("k", [1, 6])
 def test_greedy_identical_to_plain_tiny_code(plain_outputs, k):
     llm, proposer = suffix_llm(k=k)

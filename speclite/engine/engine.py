@@ -123,6 +123,7 @@ class Engine:
                     if stop_at is not None:
                         break
         finally:
+            run.close()
             run.stats.finish()
             out_ids = detok.ids
             self._cached_ids = (prompt_ids + out_ids)[: cache.length]

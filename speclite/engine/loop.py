@@ -72,6 +72,11 @@ class Decoding:
     def __iter__(self) -> Iterator[list[int]]:
         return self._iterations
 
+    def close(self) -> None:
+        """End the request now (a caller that stopped iterating early): the proposer's finish runs here,
+        not whenever the collector gets to the iterations, perhaps in the middle of the next request."""
+        self._iterations.close()
+
     def _run(self, target, cache, request, spec) -> Iterator[list[int]]:
         params, stats = request.params, self.stats
         device = cache.layers[0][0].device
