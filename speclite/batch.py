@@ -35,7 +35,13 @@ class BatchSummary:
     stats: RequestStats = field(default_factory=RequestStats)
 
 
-def check_output_writable(path: Path) -> None:
+def check_output_writable(path: Path, input_path: Path | None = None) -> None:
+    """The output can take appended records: a regular file or none yet, not the input itself (the
+    results would be read back as requests)."""
+    if path.exists() and not path.is_file():  # /dev/stdout, a FIFO, a directory: resume reads it back
+        raise SpecliteError(f"the output {path} is not a regular file: name a .jsonl file")
+    if input_path is not None and path.exists() and input_path.exists() and path.samefile(input_path):
+        raise SpecliteError(f"the output {path} is the input file: name another file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a"):
@@ -62,21 +68,35 @@ def finished_keys(path: Path) -> set[str]:
 
 
 def parse_jobs(path: Path, defaults: SamplingParams) -> list[Job]:
+    """One job a non-blank line; a line that cannot run is an error job (its record says why). An id
+    seen on an earlier line makes an error job too, keyed by its line: resuming finds records by id,
+    so a repeated one would be taken for done."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_bytes().splitlines()
     except FileNotFoundError:
         raise SpecliteError(f"input file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecliteError(f"cannot read the input file {path}: {e}") from None
-    jobs = []
+    except OSError as e:
+        raise SpecliteError(f"cannot read the input file {path}: {e.strerror}") from None
+    jobs, first_line = [], {}
     for number, line in enumerate(lines, start=1):
         if line.strip():
-            jobs.append(_parse(number, line, defaults))
+            job = _parse(number, line, defaults)
+            if job.key in first_line:
+                whose = "its line number (it has no id)" if job.request and job.request.id is None else "its id"
+                job = Job(f"line:{number}", {"line": number}, number,
+                          error=f"line {number}: {whose} {job.key} is line {first_line[job.key]}'s id already: "
+                                "ids must be unique (a re-run skips the ids it finds done)")
+            first_line.setdefault(job.key, number)
+            jobs.append(job)
     return jobs
 
 
-def _parse(number: int, line: str, defaults: SamplingParams) -> Job:
+def _parse(number: int, raw: bytes, defaults: SamplingParams) -> Job:
     where = f"line {number}"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Job(f"line:{number}", {"line": number}, number, error=f"{where} is not valid UTF-8: {e.reason}")
     try:
         data = json.loads(line)
     except json.JSONDecodeError as e:

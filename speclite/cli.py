@@ -86,7 +86,7 @@ def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, to
     from speclite.render import summary_table
 
     # Bad files fail before a model is loaded, which can take minutes.
-    check_output_writable(output_path)
+    check_output_writable(output_path, input_path)
     jobs = parse_jobs(input_path, sampling_params(max_new_tokens, temperature, top_p, top_k, seed))
     llm = build_llm(ctx, **flags)
     err = console(stderr=True)

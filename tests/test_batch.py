@@ -63,6 +63,29 @@ def test_schema_bad_lines_and_resume(tmp_path, target):
     assert "1 done, 0 failed, 6 already in" in r.stderr
 
 
+def test_repeated_ids_and_undecodable_lines_are_error_records(tmp_path, target):
+    """An id used by an earlier line (a line without one takes its line number) would make a resumed
+    run skip that line as done: an error record keyed by its line, whether or not the run resumes; a
+    line that is not UTF-8 is an error record and the rest runs."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in [
+        {"id": 3, "prompt": "def"}, {"id": "3", "prompt": "for"}, {"prompt": "import"}, {"id": 3, "prompt": "x"}])
+        + b'{"prompt": "caf\xe9"}\n' + json.dumps({"id": "z", "prompt": "while"}).encode() + b"\n")
+    r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3)
+    assert r.returncode == 0, r.stderr
+    recs = read_jsonl(out)
+    assert [x.get("id", x.get("line")) for x in recs] == [3, "3", 3, 4, 5, "z"]
+    assert [x["line"] for x in recs if "error" in x] == [3, 4, 5]
+    errors = [x["error"] for x in recs if "error" in x]
+    assert "line number (it has no id) 3 is line 1's id" in errors[0] and "its id 3 is line 1's id" in errors[1]
+    assert "not valid UTF-8" in errors[2]
+    assert "3 done, 3 failed" in r.stderr
+    # Resumed after the first record only: the same records, none lost.
+    out.write_text(out.read_text().splitlines()[0] + "\n")
+    r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3)
+    assert [x.get("id", x.get("line")) for x in read_jsonl(out)] == [3, "3", 3, 4, 5, "z"], r.stderr
+
+
 def test_interrupt_loses_nothing_finished(tmp_path, target):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(inp, [{"id": i, "prompt": "def add(a, b):"} for i in range(400)])

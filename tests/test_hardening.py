@@ -247,6 +247,7 @@ BAD_DIRS = [
     ("tokenizer-structure", lambda m: edit_json(m / "tokenizer.json", cfg(model=[1, 2])), [], "is not a tokenizers file"),
     ("tokenizer-not-json", lambda m: (m / "tokenizer.json").write_text("{"), [], "tokenizer.json is not valid JSON"),
     ("no-tokenizer", no_tokenizer_files, [], "has no tokenizer files"),
+    ("only-tokenizer-config", lambda m: (m / "tokenizer.json").unlink(), [], "has no tokenizer files"),
     ("vocab-smaller", lambda m: edit_json(m / "config.json", cfg(vocab_size=1000)), [],
      "its tokenizer has 4096 tokens but the embedding table only 1000 rows"),
     ("embedding-shape", lambda m: edit_json(m / "config.json", cfg(vocab_size=5000)), [],
@@ -270,7 +271,6 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("cases")
     inp = root / "in.jsonl"
     inp.write_text(json.dumps({"id": 1, "prompt": "def"}) + "\n")
-    (root / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
     return root, inp
 
 
@@ -295,8 +295,8 @@ def test_bad_model_directory_is_one_line(monkeypatch, capsys, files, name, edit,
     assert err.startswith("error: ") and message in err, err
 
 
-# Not "no-tokenizer": round-to-nearest without the evaluation reads no text, so it needs none.
-QUANTIZE_DIRS = [c for c in BAD_DIRS if c[1] is not None and not c[2] and c[0] != "no-tokenizer"]
+# Not the missing tokenizers: round-to-nearest without the evaluation reads no text, so it needs none.
+QUANTIZE_DIRS = [c for c in BAD_DIRS if c[1] is not None and not c[2] and c[0] not in ("no-tokenizer", "only-tokenizer-config")]
 
 
 @pytest.mark.parametrize("name, edit, flags, message", QUANTIZE_DIRS, ids=[c[0] for c in QUANTIZE_DIRS])
@@ -329,9 +329,9 @@ def flag_cases(root, inp):
         # head quantized already.
         (base + ["--quant", "int4/int4", "--sp-type", "mtp", "--draft", "tiny-code-mtp", "--draft-quant", "int4/int4"],
          1, "a quantized copy of the target's head, which is quantized already"),
-        (["generate", "--model", ASSETS / "tiny-code", "-i", root / "latin1.jsonl", "-o", root / "o.jsonl"], 1,
-         "cannot read the input file"),
-        (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", root], 1, "cannot write the output file"),
+        (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", root], 1, "is not a regular file"),
+        (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", "/dev/full"], 1, "is not a regular file"),
+        (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", inp], 1, "is the input file"),
     ]
 
 

@@ -7,7 +7,9 @@ from pathlib import Path
 from speclite.errors import SpecliteError
 from speclite.model.validate import check_model_files
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# The files that hold a vocabulary (tokenizer_config.json alone does not: transformers then builds a
+# tokenizer of a few special tokens that turns every prompt into nothing).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def load_tokenizer(model_dir: Path, needed_for: str = ""):
@@ -16,9 +18,8 @@ def load_tokenizer(model_dir: Path, needed_for: str = ""):
 
     why = f"; {needed_for} needs one" if needed_for else ""
     check_model_files(model_dir)  # malformed JSON files are one line, not a transformers traceback
-    # Without these files transformers 5 quietly builds an empty tokenizer that yields no ids.
     if not any((model_dir / f).exists() for f in TOKENIZER_FILES):
-        raise SpecliteError(f"{model_dir} has no tokenizer files{why}")
+        raise SpecliteError(f"{model_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES)}){why}")
     try:
         return AutoTokenizer.from_pretrained(str(model_dir))
     except (OSError, ValueError, TypeError) as e:
