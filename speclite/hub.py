@@ -146,10 +146,16 @@ def download(repo: str, label: str | None = None) -> Path:
 def fetch_file(repo: str, filename: str) -> Path:
     """One file of a hub repo (a token map FR-Spec publishes beside its heads): the cached copy, else
     downloaded with huggingface_hub."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import snapshot_download
 
-    with _hub_errors(f"'{repo}/{filename}'", repo, "connect to the network, or pass a local file"):
-        return Path(hf_hub_download(repo, filename))
+    # A snapshot of the one file, not hf_hub_download: offline, that retried for ~25 s before failing
+    # (a mistyped local path of three parts reads as ORG/NAME/FILE).
+    what = f"'{repo}/{filename}'"
+    with _hub_errors(what, repo, "connect to the network, or pass a local file"):
+        path = Path(snapshot_download(repo, allow_patterns=[filename])) / filename
+    if not path.is_file():
+        raise SpecliteError(f"{what}: no such file in {repo}")
+    return path
 
 
 def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = None, fetch: bool = True) -> Path:

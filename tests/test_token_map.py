@@ -394,8 +394,23 @@ def test_hub_failures_are_one_line_for_a_model_and_for_a_file(error, says, monke
     response = httpx.Response(404, request=httpx.Request("GET", "https://huggingface.co"))
     exc = getattr(errors, error)("x", **({"response": response} if error in ("GatedRepoError", "RepositoryNotFoundError") else {}))
     for call, target, what in ((lambda: hub.download("org/name"), "snapshot_download", "model 'org/name' (org/name)"),
-                               (lambda: hub.fetch_file("org/name", "f.pt"), "hf_hub_download", "'org/name/f.pt'")):
+                               (lambda: hub.fetch_file("org/name", "f.pt"), "snapshot_download", "'org/name/f.pt'")):
         monkeypatch.setattr(huggingface_hub, target, lambda *a, **k: (_ for _ in ()).throw(exc))
         with pytest.raises(SpecliteError) as e:
             call()
         assert str(e.value).startswith(what + says) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_hub_file_is_its_snapshot_or_one_line_that_it_is_missing(tmp_path, monkeypatch):
+    """fetch_file takes a snapshot of the one file (hf_hub_download retried for ~25 s offline)."""
+    import huggingface_hub
+
+    from speclite import hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **k: asked.append((repo, k)) or str(tmp_path))
+    (tmp_path / "f.pt").write_bytes(b"x")
+    assert hub.fetch_file("org/name", "f.pt") == tmp_path / "f.pt"
+    assert asked == [("org/name", {"allow_patterns": ["f.pt"]})]
+    with pytest.raises(SpecliteError, match="^'org/name/g.pt': no such file in org/name$"):
+        hub.fetch_file("org/name", "g.pt")
