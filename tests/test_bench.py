@@ -171,6 +171,8 @@ def test_plot_is_a_png(pair, tmp_path):
     (["--top-p", "1.5"], "top_p must be in"),
     (["--top-k", "-2"], "top_k"),
     (["--json", "/nonexistent/dir/b.json"], "cannot write --json"),
+    (["--json", "/proc/b.json"], "cannot write --json"),  # root may write anywhere else: tried, not judged
+    (["--plot", "/tmp"], "cannot write --plot"),
     (["--sp-type", "vanilla"], "needs a draft"),
     (["--sp-type", "suffix,deterministic", "--draft-quant", "int4"],
      "--draft-quant is not used by --sp-type suffix,deterministic: no method there has a draft"),
