@@ -1,6 +1,6 @@
 """DFlash's k: without --gen-num-per-cycle (vLLM's num_speculative_tokens) a run drafts the
-drafter's block size - 1 per iteration, a smaller value is used as is, a larger one is capped there,
-and `auto` adapts up to it; through LLM, the CLI and the bench, greedy output stays plain decoding's.
+drafter's block size - 1 per iteration, a smaller value is used as is, a larger one is an error (it
+was shown but never run), and `auto` adapts up to it; through LLM, the CLI and the bench, greedy output stays plain decoding's.
 The default comes from the built proposer (Method.default_k), a seam any method may use."""
 
 import json
@@ -46,7 +46,6 @@ def depth(llm: LLM) -> tuple[int, list[list[int]]]:
 API_CASES = [  # (name, speculative_config beyond method and model, k after loading, deepest draft)
     ("default", {}, BLOCK - 1, BLOCK - 1),
     ("fewer", {"num_speculative_tokens": 2}, 2, 2),
-    ("capped", {"num_speculative_tokens": 9}, 9, BLOCK - 1),
 ]
 
 
@@ -57,6 +56,17 @@ def test_llm_k_from_the_drafter_unless_given(pair, plain, case):
     assert llm.spec_config.k == k and llm.k_label == str(k)
     got, outs = depth(llm)
     assert got == deepest and outs == plain
+
+
+def test_more_drafts_than_the_block_holds_is_an_error(pair):
+    from speclite.errors import SpecliteError
+
+    with pytest.raises(SpecliteError, match=f"--gen-num-per-cycle 9: --sp-type dflash drafts at most {BLOCK - 1} "):
+        LLM(pair[0], {"method": "dflash", "model": str(pair[1]), "num_speculative_tokens": 9})
+    llm = LLM(pair[0], {"method": "dflash", "model": str(pair[1])})
+    with pytest.raises(SpecliteError, match="drafts at most"):
+        llm.set_k(BLOCK)  # chat's /k
+    assert llm.k_label == str(BLOCK - 1)
 
 
 def test_auto_and_runtime_k(pair, plain):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from speclite.errors import SpecliteError
 from speclite.speculate.registry import Method
 
 DEFAULT_K = 4  # drafts per iteration when neither --gen-num-per-cycle nor the method gives a number
@@ -125,4 +126,8 @@ def spec_length(k: int | str | None, method: Method, proposer) -> SpecLength:
     own = method.default_k(proposer) if method.default_k is not None else None
     if k == "auto":
         return AdaptiveSpecLength(k_max=own or AUTO_K_MAX)
+    most = method.max_k(proposer) if method.max_k is not None else None
+    if k is not None and most is not None and k > most:
+        raise SpecliteError(f"--gen-num-per-cycle {k}: --sp-type {method.name} drafts at most {most} tokens an "
+                            "iteration with this draft")
     return SpecLength(k if k is not None else own or DEFAULT_K)

@@ -44,8 +44,13 @@ def _build(ctx: BuildContext) -> DFlashProposer:
                           own_head=head is not ctx.target.lm_head)
 
 
+def _block_drafts(proposer) -> int:
+    """A block holds the last committed token and its drafts."""
+    return proposer.draft.block_size - 1
+
+
 register(Method(
     "dflash", _build, "a DFlash drafter proposes a block of k drafts in one forward from the target's states (--draft DIR)",
     options=(MASK_TOKEN, token_map.TOKEN_MAP), needs_draft=True, draft_is_model=False, needs_target=True,
-    in_default_sweep=False, default_k=lambda proposer: proposer.draft.block_size - 1, random_draft=random_drafter,
+    in_default_sweep=False, default_k=_block_drafts, max_k=_block_drafts, random_draft=random_drafter,
 ))
