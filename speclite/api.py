@@ -59,6 +59,11 @@ class SpecConfig:
 
     def validated(self) -> "SpecConfig":
         method = normalize_method(self.method)
+        if method == NONE:  # each would be ignored
+            for value, flag in ((self.k, "--gen-num-per-cycle"), (self.verify, "--verify"),
+                                (None if self.accept_policy == "normal" else self.accept_policy, "--accept-policy")):
+                if value is not None:
+                    raise SpecliteError(f"{flag} is not used by --sp-type none: nothing is drafted")
         k = self.k
         if k is None and (method == NONE or get_method(method).default_k is None):
             k = DEFAULT_K  # known now; a method with a default k of its own reads it from its built proposer

@@ -320,6 +320,9 @@ def flag_cases(root, inp):
         (base + ["--nope"], 2, "No such option"),
         (base + ["--sp-type", "vanilla", "--gen-num-per-cycle", "99"], 1, "between 0 and 64"),
         (base + ["--draft-quant", "int4"], 1, "--draft-quant is not used by --sp-type none"),
+        (base + ["--gen-num-per-cycle", "3"], 1, "--gen-num-per-cycle is not used by --sp-type none"),
+        (base + ["--verify", "rejection"], 1, "--verify is not used by --sp-type none"),
+        (base + ["--accept-policy", "accept_all"], 1, "--accept-policy is not used by --sp-type none"),
         # Another method's flag would be ignored: named instead.
         (base + ["--sp-type", "suffix", "--token-map", "freq_1024.pt"], 1, "--token-map is not used by --sp-type suffix"),
         (base + ["--sp-type", "vanilla", "--medusa-topk", "3"], 1, "--medusa-topk is not used by --sp-type vanilla"),
