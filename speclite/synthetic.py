@@ -7,14 +7,15 @@ Qwen2.5-7B-shaped model of random numbers measures them on any machine.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from speclite.errors import SpecliteError
 from speclite.model.decoder import ModelArgs, Transformer
+from speclite.quant.writer import ShardWriter, check_free_space
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -45,10 +46,16 @@ def random_weights(model: nn.Module, dtype, seed: int, skip: tuple[str, ...] = (
     shapes are read) as random numbers of std 0.02, the norms' weights at 1, drawn in the order of
     named_parameters by a generator on `device` (a GPU draws a 7B model's in a second, a CPU core
     takes a minute; the numbers differ between devices), returned on the CPU."""
+    return dict(_drawn(model, dtype, seed, skip, device))
+
+
+def _drawn(model: nn.Module, dtype, seed: int, skip: tuple[str, ...], device) -> Iterator[tuple[str, torch.Tensor]]:
+    """random_weights' (name, tensor) pairs, each drawn when it is asked for."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    return {name: torch.ones(p.shape, dtype=dtype) if name.endswith("norm.weight")
-            else (torch.randn(p.shape, generator=gen, device=device) * 0.02).to(dtype).cpu()
-            for name, p in model.named_parameters() if name not in skip}
+    for name, p in model.named_parameters():
+        if name not in skip:
+            yield name, (torch.ones(p.shape, dtype=dtype) if name.endswith("norm.weight")
+                         else (torch.randn(p.shape, generator=gen, device=device) * 0.02).to(dtype).cpu())
 
 
 def build_synthetic(name: str, out_dir: str | Path, layers: int | None = None, dtype=torch.bfloat16,
@@ -63,9 +70,15 @@ def build_synthetic(name: str, out_dir: str | Path, layers: int | None = None, d
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     with torch.device("meta"):
         model = Transformer(ModelArgs.from_hf(cfg))
-    tensors = random_weights(model, dtype, seed, skip=("lm_head.weight",) if cfg.get("tie_word_embeddings") else (),
-                             device=device)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    # Drawn and written a shard at a time: a 7B model's 15 GB drawn whole, then joined into one more
+    # copy by save_file, took a 24 GB machine down before the loader's memory check could speak.
+    skip = ("lm_head.weight",) if cfg.get("tie_word_embeddings") else ()
+    elem = torch.empty((), dtype=dtype).element_size()
+    check_free_space(out, sum(p.numel() * elem for name, p in model.named_parameters() if name not in skip))
+    shards = ShardWriter(out)
+    for name, tensor in _drawn(model, dtype, seed, skip, device):
+        shards.add(name, tensor)
+    shards.close()
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     if tokenizer_from is not None:
         from transformers import AutoTokenizer
