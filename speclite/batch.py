@@ -50,21 +50,46 @@ def check_output_writable(path: Path, input_path: Path | None = None) -> None:
         raise SpecliteError(f"cannot write the output file {path}: {e.strerror}") from None
 
 
-def finished_keys(path: Path) -> set[str]:
-    """Keys of every record already in the output (results and errors alike)."""
-    keys: set[str] = set()
-    if not path.exists():
-        return keys
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash: that request runs again
-        if isinstance(rec, dict) and "id" in rec:
-            keys.add(json.dumps(rec["id"]))
-        elif isinstance(rec, dict) and "line" in rec:
-            keys.add(f"line:{rec['line']}")
-    return keys
+def _key(line: bytes) -> tuple[str | None, bool]:
+    """(the key of an output line's record, whether it is an error record); None for a line that is no
+    record (cut short by a crash: that request runs again)."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None, False
+    if isinstance(rec, dict) and "id" in rec:
+        return json.dumps(rec["id"]), "error" in rec
+    if isinstance(rec, dict) and "line" in rec:
+        return f"line:{rec['line']}", "error" in rec
+    return None, False
+
+
+def finished_keys(path: Path) -> tuple[set[str], set[str]]:
+    """(keys of the results already in the output, keys of its error records)."""
+    results: set[str] = set()
+    errors: set[str] = set()
+    if path.exists():
+        for line in path.read_bytes().splitlines():
+            key, error = _key(line)
+            if key is not None:
+                (errors if error else results).add(key)
+    return results, errors - results
+
+
+def drop_errors(path: Path, keys: set[str]) -> None:
+    """The output without the error records of `keys` (their lines run again), replaced in one rename
+    after an fsync: a crash leaves the old file or the new one, never a mix."""
+    kept = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        key, error = _key(line)
+        if not (error and key in keys):
+            kept.append(line)
+    staged = path.with_name(path.name + ".retry")
+    with open(staged, "wb") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staged, path)
 
 
 def parse_jobs(path: Path, defaults: SamplingParams) -> list[Job]:
@@ -133,9 +158,15 @@ def run_batch(
     holds only whole records, so running the same command again finishes the rest.
     """
     check_output_writable(output_path)
-    done = finished_keys(output_path)
+    done, failed = finished_keys(output_path)
     summary = BatchSummary(total=len(jobs))
     pending = [j for j in jobs if j.key not in done]
+    retried = failed & {j.key for j in pending}  # a line fixed since (or a longer context) may run now
+    if retried:
+        try:
+            drop_errors(output_path, retried)
+        except OSError as e:
+            raise SpecliteError(f"cannot rewrite the output file {output_path}: {e.strerror}") from None
     summary.skipped = len(jobs) - len(pending)
     if on_start:
         on_start(len(pending))

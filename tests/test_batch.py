@@ -53,14 +53,18 @@ def test_schema_bad_lines_and_resume(tmp_path, target):
     errors = {r.get("id", r.get("line")): r["error"] for r in recs if "error" in r}
     assert "not valid JSON" in errors[2] and "prompt" in errors["c"] and "temperature" in errors["e"]
     assert "summary" not in r.stdout  # results go to the file, the table to stderr
-    # Re-running skips everything already recorded; a new line is the only work done.
-    with open(inp, "a") as f:
-        f.write(json.dumps({"id": "f", "prompt": "for i in"}) + "\n")
+    # Re-running skips every result already recorded; the lines that ended in an error run again (their
+    # records replaced: one fixed since gets its result) and a new line is run.
+    lines = inp.read_text().splitlines()
+    lines[5] = json.dumps({"id": "e", "prompt": "import os", "temperature": 0})
+    inp.write_text("\n".join(lines + [json.dumps({"id": "f", "prompt": "for i in"})]) + "\n")
     r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 4)
     assert r.returncode == 0, r.stderr
     recs2 = read_jsonl(out)
-    assert recs2[: len(recs)] == recs and [x["id"] for x in recs2[len(recs):]] == ["f"]
-    assert "1 done, 0 failed, 6 already in" in r.stderr
+    assert recs2[:3] == [good["a"], good["b"], good["d"]]
+    assert [x.get("id", x.get("line")) for x in recs2[3:]] == [2, "c", "e", "f"]
+    assert "error" in recs2[3] and "error" in recs2[4] and "text" in recs2[5] and "text" in recs2[6]
+    assert "2 done, 2 failed, 3 already in" in r.stderr
 
 
 def test_repeated_ids_and_undecodable_lines_are_error_records(tmp_path, target):
@@ -123,7 +127,8 @@ def test_truncated_last_line_is_rerun(tmp_path, target):
     (["generate", "--model", "{target}", "-i", "{tmp}/missing.jsonl", "-o", "{out}"], "input file not found"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "/proc/forbidden/out.jsonl"], "cannot write the output"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--sp-type", "vanilla"], "needs --draft"),
-    (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--gen-num-per-cycle", "x"], "a number or 'auto'"),
+    (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--sp-type", "deterministic", "--gen-num-per-cycle",
+      "x"], "a number or 'auto'"),
     (["generate", "--model", "{tmp}", "-i", "{inp}", "-o", "{out}"], "not a model directory"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--max-model-len", "0"], "at least 2 tokens"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--quant", "q3"], "unknown quantization scheme"),
