@@ -139,7 +139,7 @@ def download(repo: str, label: str | None = None) -> Path:
 
     name = label or repo
     with _hub_errors(f"model '{name}' ({repo})", repo,
-                     f"connect to the network and run `speclite pull {name}`, or pass a local model directory"):
+                     "connect to the network and run the command again, or pass a local model directory"):
         return Path(snapshot_download(repo, allow_patterns=ALLOW_PATTERNS))
 
 
