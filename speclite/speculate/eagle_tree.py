@@ -25,6 +25,9 @@ def check_tree(options: dict) -> None:
         value = options[name]
         if value is not None and value < low:
             raise SpecliteError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    if options["eagle_topk"] == 1 and options["eagle_num_draft_tokens"] is not None:  # it would be ignored
+        raise SpecliteError("--eagle-num-draft-tokens sizes a tree (--eagle-topk 2 or more): a chain drafts "
+                            "--gen-num-per-cycle tokens (at most --eagle-steps)")
 
 
 def tree_args(options: dict) -> dict:
