@@ -174,6 +174,8 @@ def test_plot_is_a_png(pair, tmp_path):
     (["--json", "/proc/b.json"], "cannot write --json"),  # root may write anywhere else: tried, not judged
     (["--plot", "/tmp"], "cannot write --plot"),
     (["--sp-type", "vanilla"], "needs a draft"),
+    (["--sp-type", "deterministic", "--token-map", "map.pt"], "--token-map is not used by --sp-type deterministic"),
+    (["--sp-type", "vanilla,suffix", "--eagle-topk", "2"], "--eagle-topk is not used by --sp-type vanilla,suffix"),
     (["--sp-type", "suffix,deterministic", "--draft-quant", "int4"],
      "--draft-quant is not used by --sp-type suffix,deterministic: no method there has a draft"),
 ])
