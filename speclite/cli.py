@@ -12,8 +12,8 @@ import click
 
 from speclite.bench.command import bench
 from speclite.chat.command import chat
-from speclite.cli_options import (QUANT_SCHEMES, build_llm, console, model_options, sampling_options, threads_option,
-                                  sampling_params, spec_options)
+from speclite.cli_options import (GIVEN, QUANT_SCHEMES, build_llm, console, model_options, sampling_options,
+                                  sampling_params, spec_options, threads_option)
 from speclite.errors import SpecliteError
 from speclite.serve.command import serve
 
@@ -138,6 +138,14 @@ def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, cali
     from speclite.quant.progress import ConsoleProgress
     from speclite.render import quant_report
 
+    # A flag the scheme and method would ignore is named (each given on the command line, not its default).
+    unused = {"group_size": (scheme != "int4", f"--scheme {scheme} has no groups (int4's)"),
+              "alpha": (method != "smoothquant", "it is SmoothQuant's migration strength"),
+              "calib_samples": (method == "rtn" and no_eval, "rtn reads no data and --no-eval skips the evaluation"),
+              "seq_len": (method == "rtn" and no_eval, "rtn reads no data and --no-eval skips the evaluation")}
+    for name, (ignored, why) in unused.items():
+        if ignored and ctx.get_parameter_source(name) in GIVEN:
+            raise SpecliteError(f"--{name.replace('_', '-')} is not used here: {why}")
     model_dir = resolve(model, ctx.obj["models_file"])
     progress = ConsoleProgress(console(stderr=True), verbose)
     try:

@@ -332,6 +332,13 @@ def flag_cases(root, inp):
         # head quantized already.
         (base + ["--quant", "int4/int4", "--sp-type", "mtp", "--draft", "tiny-code-mtp", "--draft-quant", "int4/int4"],
          1, "a quantized copy of the target's head, which is quantized already"),
+        # quantize: a flag the scheme and method would ignore
+        (["quantize", ASSETS / "tiny-code", "--scheme", "w8a8", "--group-size", "64", "-o", root / "q"], 1,
+         "--group-size is not used here: --scheme w8a8 has no groups"),
+        (["quantize", ASSETS / "tiny-code", "--scheme", "int4", "--alpha", "0.3", "-o", root / "q"], 1,
+         "--alpha is not used here"),
+        (["quantize", ASSETS / "tiny-code", "--scheme", "int4", "--no-eval", "--calib-samples", "8", "-o", root / "q"], 1,
+         "--calib-samples is not used here: rtn reads no data and --no-eval skips the evaluation"),
         (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", root], 1, "is not a regular file"),
         (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", "/dev/full"], 1, "is not a regular file"),
         (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", inp], 1, "is the input file"),
