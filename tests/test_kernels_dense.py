@@ -16,6 +16,27 @@ from speclite.kernels import dense, dense_triton, tuning  # noqa: E402
 from speclite.kernels.tuning import GemmConfig  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def dot_row_by_row(monkeypatch):
+    """The interpreter's tl.dot is numpy's matmul: float32 goes to OpenBLAS, whose SGEMM sums a row in
+    another order depending on where it sits in the tile on some CPUs (its Haswell kernels on AMD Zen 5:
+    6 of 16 rows of a 16 x 64 @ 64 x 16 product differ from the same row moved to the top). A GPU's
+    dot computes each output the same way wherever its row sits; so does this one, a row at a time,
+    so the kernel's own tiling, masking and split are what the row-alone check below checks."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.ndim != 2 or a.data.dtype != np.float32:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        rows = [np.matmul(a.data[i:i + 1], b.data, dtype=d.data.dtype) for i in range(a.data.shape[0])]
+        return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+
+
 @pytest.mark.parametrize("m,n,k,dtype,cfg,bias", [
     (1, 40, 200, torch.float16, (16, 16, 64, 2), False),  # split-K, ragged N and K
     (5, 48, 128, torch.float32, (16, 32, 32, 4), True),  # the bias with four splits
