@@ -11,6 +11,9 @@ AUTO_K_MAX = 8  # auto's ceiling for a method without a default k of its own
 # picks and judging): the lines through the drafting k's put their cost at up to 1.3x the measured one
 # on the pair. Where that figure leaves plain decoding within this factor of the best k, it is measured.
 PLAIN_DOUBT = 1.5
+# auto's prior on a draft position's acceptance: the first's 0.7 (optimistic: speculate until measured
+# otherwise), each next one's the position before's; worth PRIOR judgements.
+PRIOR_ACCEPT, PRIOR = 0.7, 2.0
 
 
 class SpecLength:
@@ -34,9 +37,14 @@ class SpecLength:
 class AdaptiveSpecLength(SpecLength):
     """k that maximises expected tokens per second from the measured figures, chosen once per call.
 
-    With a per-draft acceptance rate a (drafts that stood over drafts judged, up to each iteration's
-    first rejection, both sums decaying by `decay` an iteration), k drafts yield
-    (1 - a^(k+1)) / (1 - a) tokens per iteration. Their cost is measured per number of drafts offered,
+    Each draft position j has its own acceptance rate p_j: of the iterations whose drafts reached j
+    (the drafts before it all stood), those where draft j stood too, both sums decaying by `decay` at
+    each new judgement there. A drafter is less sure further out (the pair's PARD: 77% of first drafts
+    stand, 42% of third ones that are reached, 11% of fifth ones), so one rate for every position
+    (the geometric model) promised deep chains tokens they never gave. A position judged little leans
+    on the one before it (PRIOR weight), the first on an optimistic 0.7: speculate until measured
+    otherwise. k drafts yield 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens per iteration. Their cost is
+    measured per number of drafts offered,
     in wall time: drafting and verifying, moving averages decaying as fast, from each k's second call
     on (a process's first call of a kind ran 5-10x slower than the next on the pair: buffers growing,
     pages touched). A k not measured is read off the least-squares lines through the k >= 1 that are
@@ -55,7 +63,8 @@ class AdaptiveSpecLength(SpecLength):
     def __init__(self, k_max: int = AUTO_K_MAX, decay: float = 0.95, probe_every: int = 16, forget_after: int = 32):
         super().__init__(k_max)
         self.k_max, self.decay, self.probe_every, self.forget_after = k_max, decay, probe_every, forget_after
-        self.judged, self.stood = 2.0, 1.4  # optimistic start (0.7, worth two drafts): speculate until measured otherwise
+        self.judged = [0.0] * (k_max + 1)  # per draft position, 1-based (index 0 unused)
+        self.stood = [0.0] * (k_max + 1)
         self.costs: dict[int, tuple[float, float, int]] = {}  # drafts offered -> (drafting s, verifying s, call)
         self.first_call: dict[int, int] = {}  # drafts offered -> the call that first ran them
         self.calls = 0
@@ -66,13 +75,19 @@ class AdaptiveSpecLength(SpecLength):
             old, d = self.costs.get(proposed), self.decay
             self.costs[proposed] = ((draft_s, verify_s, self.calls) if old is None else
                                     (d * old[0] + (1 - d) * draft_s, d * old[1] + (1 - d) * verify_s, self.calls))
-        if proposed:  # each offered draft up to and including the first rejection was judged
-            self.judged = self.decay * self.judged + min(accepted + 1, proposed)
-            self.stood = self.decay * self.stood + accepted
+        # Each offered draft up to and including the first rejection was judged at its position.
+        for j in range(1, min(accepted + 1, proposed, self.k_max) + 1):
+            self.judged[j] = self.decay * self.judged[j] + 1
+            self.stood[j] = self.decay * self.stood[j] + (j <= accepted)
 
-    @property
-    def accept(self) -> float:
-        return self.stood / self.judged
+    def tokens(self, k: int) -> float:
+        """Expected tokens of an iteration of k drafts (the target's own included)."""
+        total, reach, p = 1.0, 1.0, PRIOR_ACCEPT
+        for j in range(1, k + 1):
+            p = (self.stood[j] + PRIOR * p) / (self.judged[j] + PRIOR)
+            reach *= min(p, 0.999)
+            total += reach
+        return total
 
     def cost(self, k: int) -> float:
         """Seconds of an iteration of k drafts, drafting and verifying: the measured figure, else the
@@ -95,8 +110,7 @@ class AdaptiveSpecLength(SpecLength):
         elif len(drafted) == 1 and self.k_max > 1:  # a second point for the lines
             self.k = drafted[0] // 2 if drafted[0] > 1 else 2
         else:
-            a = min(self.accept, 0.999)
-            rate = {k: ((1 - a ** (k + 1)) / (1 - a)) / self.cost(k) for k in range(self.k_max + 1)}
+            rate = {k: self.tokens(k) / self.cost(k) for k in range(self.k_max + 1)}
             self.k = max(rate, key=rate.get)
             if 0 not in self.costs and PLAIN_DOUBT * rate[0] >= rate[self.k]:
                 self.k = 0  # plain steps might win: measured, not taken from the lines
