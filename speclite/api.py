@@ -73,6 +73,9 @@ class SpecConfig:
             k = k if k == "auto" else int(k)
         if isinstance(k, int) and not 0 <= k <= 64:
             raise SpecliteError(f"--gen-num-per-cycle must be between 0 and 64, got {k}")
+        if k == 0 and method != NONE and get_method(method).fixed_k is None:  # a draft loaded, never asked for anything
+            raise SpecliteError(f"--gen-num-per-cycle 0 has --sp-type {method} draft nothing: use --sp-type naive "
+                                "(the loop without drafts) or none")
         check_names(self.verify, self.accept_policy)
         takes_draft = method != NONE and get_method(method).takes_draft
         for value, flag in ((self.draft, "--draft"), (self.draft_quant, "--draft-quant")):

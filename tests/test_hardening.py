@@ -321,6 +321,8 @@ def flag_cases(root, inp):
         (base + ["--sp-type", "vanilla", "--gen-num-per-cycle", "99"], 1, "between 0 and 64"),
         (base + ["--draft-quant", "int4"], 1, "--draft-quant is not used by --sp-type none"),
         (base + ["--gen-num-per-cycle", "3"], 1, "--gen-num-per-cycle is not used by --sp-type none"),
+        (base + ["--sp-type", "deterministic", "--gen-num-per-cycle", "0"], 1,
+         "--gen-num-per-cycle 0 has --sp-type deterministic draft nothing: use --sp-type naive"),
         (base + ["--verify", "rejection"], 1, "--verify is not used by --sp-type none"),
         (base + ["--accept-policy", "accept_all"], 1, "--accept-policy is not used by --sp-type none"),
         # Another method's flag would be ignored: named instead.
