@@ -58,6 +58,15 @@ class SpecConfig:
         return cls(**fields, options=options)
 
     def validated(self) -> "SpecConfig":
+        for value, name, types, what in ((self.method, "method", str, "a string"),
+                                         (self.options, "options", dict, "a dict"),
+                                         (self.draft, "draft (model)", (str, os.PathLike), "a path or name"),
+                                         (self.draft_quant, "draft_quant", str, "a string")):
+            if value is not None and not isinstance(value, types):
+                raise SpecliteError(f"speculative {name} must be {what}, got {value!r}")
+        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, (int, str))):
+            raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be an integer or 'auto', "
+                                f"got {self.k!r}")
         method = normalize_method(self.method)
         if method == NONE:  # each would be ignored
             for value, flag in ((self.k, "--gen-num-per-cycle"), (self.verify, "--verify"),
@@ -83,6 +92,15 @@ class SpecConfig:
                 raise SpecliteError(f"{flag} is not used by --sp-type {method}: it has no draft")
         options = method_options(method, self.options, k) if method != NONE else {}
         return replace(self, method=method, k=k, options=options)
+
+
+def _params(params) -> SamplingParams:
+    """One SamplingParams for every prompt (None: the defaults)."""
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise SpecliteError(f"params must be a SamplingParams, got {type(params).__name__}")
+    return params
 
 
 def eos_ids(model_dir: Path, tokenizer) -> set[int]:
@@ -144,6 +162,9 @@ class LLM:
         """`static`: fixed-shape decode and verify steps, captured as CUDA graphs on a GPU."""
         if isinstance(speculative_config, dict):
             speculative_config = SpecConfig.from_vllm(speculative_config)
+        elif not isinstance(speculative_config, (SpecConfig, type(None))):
+            raise SpecliteError(f"speculative_config must be a dict (vLLM's keys) or a SpecConfig, "
+                                f"got {type(speculative_config).__name__}")
         self.spec_config = (speculative_config or SpecConfig()).validated()
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -216,7 +237,7 @@ class LLM:
         result: list | None = None,
     ) -> Iterator[Chunk]:
         """Chunks of one prompt's answer as they are verified; the RequestOutput lands in `result`."""
-        params = params or SamplingParams()
+        params = _params(params)
         return self.engine.stream(self.encode(prompt), params, self.extra_config(extra_config), result)
 
     def generate(
@@ -226,9 +247,12 @@ class LLM:
         extra_config: dict | None = None,
     ) -> list[RequestOutput]:
         """Outputs for one prompt or a list of them (a prompt is a string or chat messages)."""
-        params = params or SamplingParams()
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], dict)):
+        params = _params(params)
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise SpecliteError("prompts must be a string, chat messages ([{role, content}]) or a list of them, "
+                                f"got {type(prompts).__name__}")
         return [self.engine.generate(self.encode(p), params, self.extra_config(extra_config)) for p in prompts]
 
     # -- runtime controls (chat's /k and /sp) --------------------------------------------------
@@ -239,6 +263,7 @@ class LLM:
             raise SpecliteError("speculation is off: start with --sp-type to set k")
         k = replace(self.spec_config, k=k).validated().k
         self.engine.spec.length = spec_length(k, get_method(self.spec_config.method), self._speculation.proposer)
+        self.spec_config = replace(self.spec_config, k=k)
 
     @property
     def k_label(self) -> str | None:
@@ -257,6 +282,8 @@ class LLM:
 
     def set_speculation(self, on: bool) -> None:
         """Switch speculation off (plain decoding) or back on, keeping the loaded draft."""
+        if not isinstance(on, bool):
+            raise SpecliteError(f"set_speculation takes True or False, got {on!r}")
         if on and self._speculation is None:
             raise SpecliteError("no speculation method was loaded: start with --sp-type")
         self.engine.spec = self._speculation if on else None

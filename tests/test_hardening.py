@@ -8,6 +8,7 @@ ones, which must all still be generated); the model-directory and flag table cal
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,10 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from speclite.errors import SpecliteError
 
 ASSETS = Path(__file__).resolve().parents[1] / "speclite" / "assets"
+TINY = ASSETS / "tiny-code"
 SURROGATE = "\ud800"
 # A template with the three ways a chat template fails: its own raise_exception on an unknown
 # role, an error inside the template (division by zero) and a sandboxed attribute access.
@@ -174,6 +177,34 @@ def test_llm_calls_validate_params_messages_and_advice():
     with pytest.raises(SpecliteError, match="outside the vocabulary of"):
         llm.generate("a", params, {"sp_advice_ids": [llm.target.args.vocab_size]})
     assert llm.generate("a", params)[0].token_ids  # still usable after refusing
+
+
+# What a Python caller may pass wrong: a SpecliteError naming it, never a TypeError from deep inside.
+BAD_API_CALLS = [
+    (lambda LLM, S: LLM(TINY, "ngram"), "speculative_config must be a dict"),
+    (lambda LLM, S: LLM(TINY, {"method": 5}), "speculative method must be a string"),
+    (lambda LLM, S: LLM(TINY, {"method": "ngram", "num_speculative_tokens": 2.5}), "must be an integer or 'auto'"),
+    (lambda LLM, S: LLM(TINY, {"method": "ngram", "num_speculative_tokens": True}), "must be an integer or 'auto'"),
+    (lambda LLM, S: LLM(TINY, {"method": "ngram", "prompt_lookup_max": 3.7}), "--sp-max-token-match must be a int"),
+    (lambda LLM, S: LLM(TINY, {"method": "draft_model", "parallel_drafting": "no"}), "must be true or false"),
+    (lambda LLM, S: LLM(TINY, {"method": "suffix", "suffix_decoding_max_spec_factor": float("inf")}),
+     "must be a float"),
+    (lambda LLM, S: LLM(TINY, device="mps"), "unknown device 'mps'"),
+    (lambda LLM, S: LLM(TINY, dtype=torch.int8), "unsupported dtype torch.int8"),
+    (lambda LLM, S: LLM(TINY, max_model_len="64"), "--max-model-len must be an integer"),
+    (lambda LLM, S: LLM(TINY).generate("x", {"max_new_tokens": 4}), "params must be a SamplingParams"),
+    (lambda LLM, S: LLM(TINY).generate(5), "prompts must be a string"),
+    (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_speculation("no"), "takes True or False"),
+    (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_k(2.5), "must be an integer or 'auto'"),
+]
+
+
+@pytest.mark.parametrize("call, message", BAD_API_CALLS, ids=[m for _, m in BAD_API_CALLS])
+def test_bad_python_api_calls_are_one_clear_error(call, message):
+    from speclite import LLM, SamplingParams
+
+    with pytest.raises(SpecliteError, match=re.escape(message)):
+        call(LLM, SamplingParams)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from speclite.engine.stats import RequestStats
 from speclite.errors import ContextLengthError, SpecliteError
 from speclite.model import Transformer
 from speclite.model.kv_cache import shared_prefix
+from speclite.request import check_sampling
 
 
 @dataclass
@@ -48,6 +50,10 @@ class Engine:
     spec: Speculation | None = None
     _cache: object = field(default=None, repr=False)
     _cached_ids: list[int] = field(default_factory=list, repr=False)
+    # One request at a time (one cache): a request holds the lock from its first step to its end, so
+    # another thread's request waits its turn. Per thread, its stream not ended yet.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _open: dict = field(default_factory=dict, repr=False)
 
     @property
     def cache(self):
@@ -77,7 +83,26 @@ class Engine:
         when the consumer stops early (Ctrl-C in chat): what was generated so far is kept. With
         `texts` off the chunks carry no text and nothing is decoded before the end, unless a stop
         string must be looked for (decoding as it goes is a real share of a small model's step).
+
+        A new request ends a stream of this thread left open (read in part and kept): the two would
+        share one cache. Another thread's request waits until this one ends.
         """
+        me = threading.get_ident()
+        if me in self._open:
+            self._open.pop(me).close()  # its finally: the cache's bookkeeping, its result, the lock
+        check_sampling(params)  # a SamplingParams changed since it was made
+        stream = self._stream(prompt_ids, params, extra, result, texts, me)
+        self._open[me] = stream
+        return stream
+
+    def _stream(self, prompt_ids, params, extra, result, texts, me) -> Iterator[Chunk]:
+        with self._lock:
+            try:
+                yield from self._run(prompt_ids, params, extra, result, texts)
+            finally:
+                self._open.pop(me, None)
+
+    def _run(self, prompt_ids, params, extra, result, texts) -> Iterator[Chunk]:
         if not prompt_ids:
             raise SpecliteError("the prompt is empty")
         if len(prompt_ids) >= self.max_len:
@@ -126,6 +151,7 @@ class Engine:
             run.close()
             run.stats.finish()
             out_ids = detok.ids
+            run.stats.output_len = len(out_ids)  # not the tokens an iteration verified past a stop string
             self._cached_ids = (prompt_ids + out_ids)[: cache.length]
             if result is not None:
                 text = detok.text[:stop_at] if stop_at is not None else detok.final()

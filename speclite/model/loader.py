@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 def resolve_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise SpecliteError(f"unknown device {device!r}: choose from auto, cpu, cuda (or cuda:N)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SpecliteError("--device cuda was asked for but no CUDA GPU is available")
     return dev
@@ -32,11 +37,13 @@ def resolve_device(device: str | None) -> torch.device:
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """bf16 on CUDA, float32 on the CPU unless asked otherwise."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise SpecliteError(f"unsupported dtype {dtype}: choose from auto, {', '.join(DTYPES)}")
         return dtype
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise SpecliteError(f"unknown dtype '{dtype}': choose from auto, {', '.join(DTYPES)}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise SpecliteError(f"unknown dtype {dtype!r}: choose from auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 

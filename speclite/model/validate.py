@@ -76,6 +76,8 @@ def read_json_object(path: Path, missing: str) -> dict:
 
 def context_length(max_position_embeddings: int, max_model_len: int | None) -> int:
     """The KV cache length: --max-model-len, else the model's context capped at DEFAULT_CONTEXT."""
+    if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)):
+        raise SpecliteError(f"--max-model-len must be an integer number of tokens, got {max_model_len!r}")
     if max_model_len is not None and max_model_len < 2:
         raise SpecliteError(f"--max-model-len must be at least 2 tokens, got {max_model_len}")
     if max_model_len and max_model_len > max_position_embeddings:

@@ -10,6 +10,7 @@ What hidden states a method wants from the target is declared by the built propo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,17 +39,22 @@ class Option:
     def convert(self, value):
         if value is None and self.default is None:
             return None  # an optional option left unset (a CLI flag's default arrives as None)
-        if isinstance(value, self.type) and not (self.type is int and isinstance(value, bool)):
-            return value
         try:
             if self.type is bool:
+                if isinstance(value, bool):
+                    return value
                 if str(value).lower() in ("1", "true", "yes", "on"):
                     return True
                 if str(value).lower() in ("0", "false", "no", "off"):
                     return False
                 raise ValueError
-            return self.type(value)
-        except (TypeError, ValueError):
+            if isinstance(value, bool) or (self.type is int and isinstance(value, float) and not value.is_integer()):
+                raise ValueError  # True is not 1, and 3.7 is not 3
+            converted = self.type(value)
+            if self.type is float and not math.isfinite(converted):
+                raise ValueError
+            return converted
+        except (TypeError, ValueError, OverflowError):
             raise SpecliteError(f"{self.cli_flag} must be a {self.type.__name__}, got '{value}'") from None
 
 
@@ -180,6 +186,9 @@ def vllm_method(config: dict) -> str:
     """The method a vLLM speculative_config names (a model alone means a draft model)."""
     name = config.get("method") or ("vanilla" if config.get("model") else NONE)
     for method in METHODS.values():
+        if method.vllm_flag and not isinstance(config.get(method.vllm_flag[1], False), bool):
+            raise SpecliteError(f"speculative_config '{method.vllm_flag[1]}' must be true or false, "
+                                f"got {config[method.vllm_flag[1]]!r}")
         if method.vllm_flag and config.get(method.vllm_flag[1]):
             base, flag = method.vllm_flag
             if normalize_method(name) != base:

@@ -1,0 +1,67 @@
+"""One LLM runs one request at a time (one KV cache): requests from two threads take turns, a stream
+left open in part is ended by the next request of its thread, and a request's figures count the
+tokens it returns."""
+
+import threading
+
+import pytest
+
+from speclite import LLM, SamplingParams
+from speclite.errors import SpecliteError
+
+PROMPTS = ["def fibonacci(n):\n    if n < 2:\n", "import os\nimport sys\n\n\nclass Config:\n"]
+GREEDY = SamplingParams(max_new_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def references(pair):
+    llm = LLM(pair[0])
+    return [llm.generate(p, GREEDY)[0].token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("method", [None, "vanilla"])
+def test_two_threads_take_turns(pair, references, method):
+    """Both threads' requests ran on the one cache at once and returned each other's continuations."""
+    llm = LLM(pair[0], {"method": method, "model": str(pair[1])} if method else None)
+    got: dict[int, list] = {0: [], 1: []}
+    start = threading.Barrier(2)
+
+    def run(i):
+        start.wait()
+        for _ in range(3):
+            got[i].append(llm.generate(PROMPTS[i], GREEDY)[0].token_ids)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert got == {i: [references[i]] * 3 for i in (0, 1)}
+
+
+def test_a_stream_left_open_is_ended_by_the_next_request(pair, references):
+    """Read in part and kept: the next request ends it (its result holds what it had), and runs as on a
+    fresh LLM; the old stream yields nothing more."""
+    llm = LLM(pair[0])
+    result = []
+    stream = llm.stream(PROMPTS[1], GREEDY, result=result)
+    first = [next(stream), next(stream)]
+    assert llm.generate(PROMPTS[0], GREEDY)[0].token_ids == references[0]
+    assert result[0].token_ids == first[0].token_ids + first[1].token_ids
+    assert list(stream) == []
+    assert llm.generate(PROMPTS[1], GREEDY)[0].token_ids == references[1]
+
+
+def test_figures_count_the_tokens_returned_when_a_stop_string_ends_an_iteration(pair):
+    llm = LLM(pair[0], {"method": "vanilla", "model": str(pair[1]), "num_speculative_tokens": 6})
+    plain = LLM(pair[0]).generate(PROMPTS[0], SamplingParams(max_new_tokens=48))[0].text
+    stop = plain[10:12]
+    out = llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=48, stop=[stop]))[0]
+    assert out.finish_reason == "stop" and out.aux_info["output_len"] == len(out.token_ids)
+
+
+def test_sampling_params_changed_after_construction_are_checked_again(pair):
+    params = SamplingParams(max_new_tokens=4)
+    params.temperature = -1
+    with pytest.raises(SpecliteError, match="temperature must be >= 0"):
+        LLM(pair[0]).generate(PROMPTS[0], params)
