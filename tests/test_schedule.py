@@ -186,7 +186,7 @@ def test_plain_calls_keep_the_proposer_in_step(method, temperature, monkeypatch)
     their tokens, and the target's states where it drafts from them (EAGLE-3, DFlash): greedy output
     is plain decoding's, the proposer's sequence is the request's, and the drafts after plain calls
     still land."""
-    monkeypatch.setattr(loop, "CHUNK_S", 0.003)  # calls of ten-odd steps: several of both kinds
+    monkeypatch.setattr(loop, "CHUNK_S", 0.001)  # calls of a few steps: several of both kinds, on fast CPUs too
     llm = LLM("tiny-code", SpecConfig(method, k=3, draft=DRAFTS[method]))
     params = SamplingParams(max_new_tokens=200, ignore_eos=True, temperature=temperature, seed=1)
     prompt = "def add(a, b):"
