@@ -143,7 +143,8 @@ def test_speculative_edit_realigns_after_a_divergence(pair, plain_outputs):
 def test_adaptive_k_is_exact_and_backs_off(pair, stranger, plain_outputs, monkeypatch):
     monkeypatch.setattr(loop, "CHUNK_S", 0.001)  # calls of a few iterations: auto decides once per call
     llm = spec_llm(pair, "vanilla", "auto", draft=stranger)
-    out = llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=60, ignore_eos=True))[0]
+    # Enough tokens for several calls on a fast CPU too (a call runs until CHUNK_S has passed).
+    out = llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=200, ignore_eos=True))[0]
     assert out.token_ids[:40] == plain_outputs[PROMPTS[0]]
     # A draft that is never right costs time for nothing: k falls to 0 and only probes remain.
     assert llm.engine.spec.length.k == 0
