@@ -64,6 +64,8 @@ class SpecConfig:
                                          (self.draft_quant, "draft_quant", str, "a string")):
             if value is not None and not isinstance(value, types):
                 raise SpecliteError(f"speculative {name} must be {what}, got {value!r}")
+        if self.draft is not None and not str(self.draft).strip():
+            raise SpecliteError("speculative draft (model) is empty: name a draft, or leave it out for models.toml's")
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, (int, str))):
             raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be an integer or 'auto', "
                                 f"got {self.k!r}")
@@ -78,10 +80,11 @@ class SpecConfig:
             k = DEFAULT_K  # known now; a method with a default k of its own reads it from its built proposer
         if isinstance(k, str):
             if k != "auto" and not k.isdigit():
-                raise SpecliteError(f"--gen-num-per-cycle must be a number or 'auto', got '{k}'")
+                raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be a number or 'auto', "
+                                    f"got '{k}'")
             k = k if k == "auto" else int(k)
         if isinstance(k, int) and not 0 <= k <= 64:
-            raise SpecliteError(f"--gen-num-per-cycle must be between 0 and 64, got {k}")
+            raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be between 0 and 64, got {k}")
         if k == 0 and method != NONE and get_method(method).fixed_k is None:  # a draft loaded, never asked for anything
             raise SpecliteError(f"--gen-num-per-cycle 0 has --sp-type {method} draft nothing: use --sp-type naive "
                                 "(the loop without drafts) or none")
@@ -160,6 +163,8 @@ class LLM:
         static: bool = False,
     ):
         """`static`: fixed-shape decode and verify steps, captured as CUDA graphs on a GPU."""
+        if not isinstance(static, bool):
+            raise SpecliteError(f"static takes True or False, got {static!r}")
         if isinstance(speculative_config, dict):
             speculative_config = SpecConfig.from_vllm(speculative_config)
         elif not isinstance(speculative_config, (SpecConfig, type(None))):
