@@ -80,14 +80,14 @@ class AdaptiveSpecLength(SpecLength):
             self.judged[j] = self.decay * self.judged[j] + 1
             self.stood[j] = self.decay * self.stood[j] + (j <= accepted)
 
-    def tokens(self, k: int) -> float:
-        """Expected tokens of an iteration of k drafts (the target's own included)."""
-        total, reach, p = 1.0, 1.0, PRIOR_ACCEPT
-        for j in range(1, k + 1):
+    def tokens(self) -> list[float]:
+        """Expected tokens of an iteration of k drafts (the target's own included), k = 0 .. k_max."""
+        totals, reach, p = [1.0], 1.0, PRIOR_ACCEPT
+        for j in range(1, self.k_max + 1):
             p = (self.stood[j] + PRIOR * p) / (self.judged[j] + PRIOR)
             reach *= min(p, 0.999)
-            total += reach
-        return total
+            totals.append(totals[-1] + reach)
+        return totals
 
     def cost(self, k: int) -> float:
         """Seconds of an iteration of k drafts, drafting and verifying: the measured figure, else the
@@ -110,7 +110,8 @@ class AdaptiveSpecLength(SpecLength):
         elif len(drafted) == 1 and self.k_max > 1:  # a second point for the lines
             self.k = drafted[0] // 2 if drafted[0] > 1 else 2
         else:
-            rate = {k: self.tokens(k) / self.cost(k) for k in range(self.k_max + 1)}
+            tokens = self.tokens()
+            rate = {k: tokens[k] / self.cost(k) for k in range(self.k_max + 1)}
             self.k = max(rate, key=rate.get)
             if 0 not in self.costs and PLAIN_DOUBT * rate[0] >= rate[self.k]:
                 self.k = 0  # plain steps might win: measured, not taken from the lines
