@@ -101,6 +101,17 @@ def sampling_options(f):
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)  # a flag the user set, not its default
 
 
+def refuse_unused_method_flags(ctx, methods: list, sp_type: str) -> set[str]:
+    """The options `methods` take; a method flag given on the command line that none of them takes is
+    a mistake to name (it would be ignored)."""
+    own = {o.name for method in methods for o in method.options}
+    for param in ctx.command.params:
+        if (param.name.startswith("opt_") and param.name.removeprefix("opt_") not in own
+                and ctx.get_parameter_source(param.name) in GIVEN):
+            raise SpecliteError(f"{param.opts[0]} is not used by --sp-type {sp_type}")
+    return own
+
+
 def build_llm(ctx, model, device, dtype, quant, max_model_len, static, sp_type, draft, draft_quant, k, verify,
               accept_policy, **method_opts):
     from speclite.api import LLM, SpecConfig
@@ -111,13 +122,8 @@ def build_llm(ctx, model, device, dtype, quant, max_model_len, static, sp_type, 
     if model is None:
         model = load_registry(models_file).default_target
     method = get_method(sp_type) if sp_type != NONE else None
-    # Only the chosen method's options: another method's flag given on the command line is a mistake
-    # to name (it would be ignored); left out, it keeps its default, unused.
-    own = {o.name for o in method.options} if method else set()
-    for name in method_opts:
-        if name.removeprefix("opt_") not in own and ctx.get_parameter_source(name) in GIVEN:
-            flag = next(p.opts[0] for p in ctx.command.params if p.name == name)
-            raise SpecliteError(f"{flag} is not used by --sp-type {sp_type}")
+    # Only the chosen method's options; the other methods' flags keep their defaults, unused.
+    own = refuse_unused_method_flags(ctx, [method] if method else [], sp_type)
     options = {name: value for name, value in split_method_options(method_opts).items() if name in own}
     spec = SpecConfig(method=sp_type, k=k, draft=draft, draft_quant=draft_quant, verify=verify,
                       accept_policy=accept_policy, options=options)

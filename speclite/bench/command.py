@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from speclite.bench.prompts import WORKLOADS
-from speclite.cli_options import GIVEN, console, method_option_flags, split_method_options
+from speclite.cli_options import console, method_option_flags, refuse_unused_method_flags, split_method_options
 from speclite.speculate import METHODS, get_method
 from speclite.speculate.verify import POLICIES
 from speclite.errors import SpecliteError
@@ -28,19 +28,14 @@ def _check_writable(path: Path | None, flag: str) -> None:
 
 
 def _check_method_flags(ctx, sp_types: str | None) -> None:
-    """A method's flag given on the command line that no method of --sp-type uses would be ignored:
-    named instead (without --sp-type the sweep runs every method)."""
+    """With --sp-type, a method flag none of its methods takes is named (without it the sweep runs every
+    method)."""
     try:
         methods = [get_method(name.strip()) for name in (sp_types or "").split(",") if name.strip()]
     except (SpecliteError, KeyError):
         return  # an unknown name: the sweep names it
-    if not methods:
-        return
-    own = {o.name for method in methods for o in method.options}
-    for param in ctx.command.params:
-        name = param.name.removeprefix("opt_")
-        if param.name.startswith("opt_") and name not in own and ctx.get_parameter_source(param.name) in GIVEN:
-            raise SpecliteError(f"{param.opts[0]} is not used by --sp-type {sp_types}")
+    if methods:
+        refuse_unused_method_flags(ctx, methods, sp_types)
 
 
 @click.command()

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import click
 
-from speclite.cli_options import GIVEN, build_llm, console, model_options, sampling_options, sampling_params, spec_options
+from speclite.cli_options import (GIVEN, build_llm, console, model_options, sampling_options, sampling_params,
+                                  spec_options)
 from speclite.errors import SpecliteError
 
 

@@ -80,7 +80,8 @@ class EngineWorker:
                 chunks.close()  # the engine's bookkeeping (cached prefix, stats) for a stopped request
         except SpecliteError as e:  # the request cannot run (e.g. longer than the context): a 400
             self.metrics.count("invalid")
-            job.emit("error", ApiError(str(e), code="context_length_exceeded" if isinstance(e, ContextLengthError) else None))
+            code = "context_length_exceeded" if isinstance(e, ContextLengthError) else None
+            job.emit("error", ApiError(str(e), code=code))
             return
         except Exception as e:  # a bug or out of memory: this request fails, the server goes on
             self.metrics.count("failed")
