@@ -79,7 +79,7 @@ class SpecConfig:
         if k is None and (method == NONE or get_method(method).default_k is None):
             k = DEFAULT_K  # known now; a method with a default k of its own reads it from its built proposer
         if isinstance(k, str):
-            if k != "auto" and not k.isdigit():
+            if k != "auto" and not (k.isascii() and k.isdigit()):  # not '²', which isdigit() takes
                 raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be a number or 'auto', "
                                     f"got '{k}'")
             k = k if k == "auto" else int(k)

@@ -14,6 +14,7 @@ import torch
 from speclite.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
 from speclite.errors import SpecliteError
+from speclite.files import write_atomic
 from speclite.request import GenerationRequest, check_id, parse_request
 
 
@@ -77,19 +78,14 @@ def finished_keys(path: Path) -> tuple[set[str], set[str]]:
 
 
 def drop_errors(path: Path, keys: set[str]) -> None:
-    """The output without the error records of `keys` (their lines run again), replaced in one rename
-    after an fsync: a crash leaves the old file or the new one, never a mix."""
+    """The output without the error records of `keys` (their lines run again), written atomically: a
+    crash leaves the old file or the new one, never a mix."""
     kept = []
     for line in path.read_bytes().splitlines(keepends=True):
         key, error = _key(line)
         if not (error and key in keys):
             kept.append(line)
-    staged = path.with_name(path.name + ".retry")
-    with open(staged, "wb") as f:
-        f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staged, path)
+    write_atomic(path, b"".join(kept))
 
 
 def parse_jobs(path: Path, defaults: SamplingParams) -> list[Job]:

@@ -9,6 +9,7 @@ from rich.console import Console
 from target_steps import StepSizes
 
 from speclite.api import LLM, SpecConfig
+from speclite.chat.command import run
 from speclite.chat.session import Session
 from speclite.chat.view import Setup, stats_line, stats_panel
 from speclite.sampling import SamplingParams
@@ -94,7 +95,7 @@ def test_context_overflow_drops_oldest_turns_and_keeps_system(pair):
 def test_slash_commands(session, llm, tmp_path):
     assert session.command("/k 3").text == "k set to 3" and llm.engine.spec.length.label == "3"
     assert session.command("/k auto").text.startswith("k set to auto(")
-    for bad in ("/k", "/k x", "/k 99", "/sp maybe", "/nope", "/save", f"/save {tmp_path}/missing/dir/c.json"):
+    for bad in ("/k", "/k x", "/k 99", "/k \u00b2", "/sp maybe", "/nope", "/save", f"/save {tmp_path}/missing/dir/c.json"):
         reply = session.command(bad)
         assert reply.error and reply.text and "\n" not in reply.text, bad
     assert session.command("/stats").text == "no answers yet"
@@ -112,6 +113,50 @@ def test_slash_commands(session, llm, tmp_path):
     assert session.command("/reset").text.startswith("new conversation") and session.turns == []
     assert "/k N|auto" in session.command("/help").text
     assert session.command("/exit").exit
+
+
+def test_a_failed_save_keeps_the_earlier_file(session, tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    assert not session.command(f"/save {path}").error
+    before = path.read_bytes()
+    session.system = "changed"
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("speclite.files.os.replace", refuse)
+    reply = session.command(f"/save {path}")
+    assert reply.error and "No space left on device" in reply.text
+    assert path.read_bytes() == before and list(tmp_path.iterdir()) == [path]  # no staged file left
+
+
+class Recorded:
+    """A view that keeps what it was given, by method."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name, *args))
+
+
+def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(session, monkeypatch):
+    # Piped or typed bytes that are not UTF-8 reach input() as lone surrogates (or raise, by locale).
+    lines = iter(["/system caf\udce9", UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "/help"])
+
+    def fake_input(prompt=""):
+        line = next(lines, None)
+        if line is None:
+            raise EOFError
+        if isinstance(line, Exception):
+            raise line
+        return line
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    view = Recorded()
+    run(session, view, interactive=False)
+    assert [c for c in view.calls if c[0] == "error"] == [("error", "that line is not UTF-8 text: ignored")] * 2
+    assert session.system == "be brief" and any(c[0] == "reply" and "/k N|auto" in c[1] for c in view.calls)
 
 
 def test_k_needs_a_speculation_method(pair):

@@ -196,6 +196,7 @@ BAD_API_CALLS = [
     (lambda LLM, S: LLM(TINY).generate(5), "prompts must be a string"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_speculation("no"), "takes True or False"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_k(2.5), "must be an integer or 'auto'"),
+    (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_k("\u00b2"), "must be a number or 'auto', got '\u00b2'"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram", "num_speculative_tokens": 99}),
      "--gen-num-per-cycle (num_speculative_tokens) must be between 0 and 64"),
     (lambda LLM, S: LLM(TINY, {"method": "vanilla", "model": ""}), "speculative draft (model) is empty"),

@@ -44,6 +44,7 @@ def run(session, view, interactive: bool) -> None:
     while True:
         try:
             line = input("> " if interactive else "").strip()
+            line.encode("utf-8")  # bytes that are not UTF-8 come in as lone surrogates (or raise, by locale)
             if not interactive and line:
                 view.reply(f"> {line}")  # piped prompts: keep the transcript readable
             if line.startswith("/"):
@@ -51,6 +52,8 @@ def run(session, view, interactive: bool) -> None:
                     return
             elif line:
                 answer(session, view, line)
+        except UnicodeError:
+            view.error("that line is not UTF-8 text: ignored")
         except EOFError:
             if interactive:
                 view.reply("")  # Ctrl-D leaves the cursor after the prompt

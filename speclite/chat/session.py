@@ -16,6 +16,7 @@ from speclite.engine.engine import Chunk, RequestOutput
 from speclite.sampling import SamplingParams
 from speclite.engine.stats import RequestStats
 from speclite.errors import SpecliteError
+from speclite.files import write_atomic
 
 HELP = """\
 /help          this list
@@ -129,7 +130,7 @@ class Session:
             raise SpecliteError("no speculation method was loaded: start with --sp-type to set k")
         if self.llm.k_label is None:
             raise SpecliteError("speculation is off: /sp on first")
-        if arg != "auto" and not arg.isdigit():
+        if arg != "auto" and not (arg.isascii() and arg.isdigit()):  # not '²', which isdigit() takes
             raise SpecliteError(f"/k takes a number or 'auto', got '{arg}'")
         self.llm.set_k(arg if arg == "auto" else int(arg))
         return Reply(f"k set to {self.llm.k_label}")
@@ -151,7 +152,7 @@ class Session:
         record = {"model": self.llm.model_name, "draft": self.llm.draft_name,
                   "speculation": self.llm.spec_config.method, "messages": self.messages}
         try:
-            path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+            write_atomic(path, (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
         except OSError as e:
             raise SpecliteError(f"cannot write {path}: {e.strerror or e}") from None
         return Reply(f"saved {len(self.messages)} messages to {path}")

@@ -8,12 +8,12 @@ tree: loading re-inserts them, so a file stays valid whatever --suffix-max-tree-
 from __future__ import annotations
 
 import json
-import os
 from array import array
 from collections import deque
 from pathlib import Path
 
 from speclite.errors import SpecliteError
+from speclite.files import write_atomic
 from speclite.speculate.suffix_tree import SuffixTree
 
 FORMAT, VERSION = "speclite-suffix-cache", 1
@@ -44,10 +44,8 @@ class ResponseCache:
         """Write atomically: an interrupted save leaves the previous file intact."""
         body = {"format": FORMAT, "version": VERSION, "vocab_size": vocab_size,
                 "responses": [r.tolist() for r in self.responses]}
-        tmp = path.with_name(path.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(body, separators=(",", ":")))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(body, separators=(",", ":")).encode())
         except OSError as e:
             raise SpecliteError(f"cannot write --suffix-cache {path}: {e.strerror or e}") from None
 
