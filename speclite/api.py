@@ -76,8 +76,9 @@ class SpecConfig:
                 if value is not None:
                     raise SpecliteError(f"{flag} is not used by --sp-type none: nothing is drafted")
         k = self.k
-        if k is None and (method == NONE or get_method(method).default_k is None):
-            k = DEFAULT_K  # known now; a method with a default k of its own reads it from its built proposer
+        own = None if method == NONE else get_method(method)
+        if k is None and (own is None or (own.default_k is None and own.max_k is None)):
+            k = DEFAULT_K  # known now; a method with a default k or a cap of its own reads it from its built proposer
         if isinstance(k, str):
             if k != "auto" and not (k.isascii() and k.isdigit()):  # not '²', which isdigit() takes
                 raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be a number or 'auto', "

@@ -20,7 +20,7 @@ from speclite.speculate.medusa import MedusaProposer, load_draft
 from speclite.speculate.medusa.tree import parse_tree
 from speclite.speculate.schedule import SpecLength
 from speclite.speculate.verify import TYPICAL_DELTA, TYPICAL_EPSILON, typical
-from test_sampling_exact import (PROMPT, VOCAB, chi_square_pvalue, exact_distributions, one_thread, sampled_counts,
+from test_sampling_exact import (VOCAB, chi_square_pvalue, exact_distributions, one_thread, sampled_counts,
                                  save_small_target)
 
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)
@@ -182,3 +182,26 @@ def test_cli_generate_with_medusa_heads_equals_plain(tmp_path):
                         "--gen-num-per-cycle", "5", "--medusa-tree", "[[0], [1], [0, 0], [0, 1], [0, 0, 0]]")
     assert {i: r["token_ids"] for i, r in tree.items()} == {i: r["token_ids"] for i, r in plain.items()}
     assert all(r["aux_info"]["accepted_per_position"] for r in tree.values())  # drafts were verified
+
+
+def test_k_stops_at_the_drafts_the_heads_can_make(pair, tmp_path):
+    """A chain drafts one token per head, a tree its paths: a larger k is an error (not a k shown but never
+    run), and the default k and auto's ceiling stop there."""
+    from speclite.api import LLM, SpecConfig
+    from speclite.errors import SpecliteError
+    from speclite.model.loader import read_config
+
+    cfg = read_config(pair[0])
+    save_heads(tmp_path, "medusa", cfg["hidden_size"], cfg["vocab_size"], heads=2, seed=1)
+    with pytest.raises(SpecliteError, match="--gen-num-per-cycle 3: --sp-type medusa drafts at most 2 tokens"):
+        LLM(pair[0], {"method": "medusa", "model": str(tmp_path), "num_speculative_tokens": 3})
+    llm = LLM(pair[0], {"method": "medusa", "model": str(tmp_path)})
+    assert llm.k_label == "2"  # the default k of 4, capped
+    llm.set_k("auto")
+    assert llm.engine.spec.length.k_max == 2
+    with pytest.raises(SpecliteError, match="drafts at most 2"):
+        llm.set_k(5)  # chat's /k
+    tree = LLM(pair[0], SpecConfig("medusa", k=6, draft=str(tmp_path), options={"medusa_topk": 2}))
+    assert tree.k_label == "6"  # 2 + 4 paths of ranks 0-1, one and two heads deep
+    with pytest.raises(SpecliteError, match="drafts at most 6"):
+        tree.set_k(7)

@@ -135,14 +135,19 @@ def spec_length(k: int | str | None, method: Method, proposer) -> SpecLength:
     """The schedule a config asks for: the method's fixed k if it has one (naive: 0), adaptive for
     "auto", else k. k None (no --gen-num-per-cycle) is the built proposer's own default where the
     method reads one from it (Method.default_k: a DFlash drafter's block size - 1), else DEFAULT_K;
-    that own default is also auto's ceiling."""
+    that own default is also auto's ceiling. Neither passes the most drafts the proposer can make
+    (Method.max_k: a Medusa chain's heads), which a larger k is an error against."""
     if method.fixed_k is not None:
         return SpecLength(method.fixed_k)
     own = method.default_k(proposer) if method.default_k is not None else None
-    if k == "auto":
-        return AdaptiveSpecLength(k_max=own or AUTO_K_MAX)
     most = method.max_k(proposer) if method.max_k is not None else None
+
+    def capped(n: int) -> int:
+        return n if most is None else min(n, most)
+
+    if k == "auto":
+        return AdaptiveSpecLength(k_max=capped(own or AUTO_K_MAX))
     if k is not None and most is not None and k > most:
         raise SpecliteError(f"--gen-num-per-cycle {k}: --sp-type {method.name} drafts at most {most} tokens an "
                             "iteration with this draft")
-    return SpecLength(k if k is not None else own or DEFAULT_K)
+    return SpecLength(k if k is not None else capped(own or DEFAULT_K))

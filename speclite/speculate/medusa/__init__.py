@@ -68,5 +68,5 @@ register(Method(
         token_map.TOKEN_MAP,
     ),
     needs_draft=True, draft_is_model=False, needs_target=True, check=_check, in_default_sweep=False,
-    random_draft=random_heads,
+    random_draft=random_heads, max_k=lambda proposer: proposer.most_drafts,
 ))

@@ -30,6 +30,14 @@ class MedusaProposer(Proposer):
         self.default_trees: dict[int, list[Ranks]] = {}  # budget k -> the default tree of k nodes
         self.state: torch.Tensor | None = None  # final state of the row that produced the newest token
 
+    @property
+    def most_drafts(self) -> int:
+        """The most drafts an iteration can make: the given tree's paths, else every path of ranks below
+        topk one head deep or more (a chain: one draft per head)."""
+        if self.tree is not None:
+            return len(self.tree)
+        return sum(self.topk**depth for depth in range(1, len(self.heads) + 1))
+
     def resident(self) -> tuple[list, list]:
         return [self.heads], []
 
