@@ -196,7 +196,7 @@ def test_greedy_run_declines_where_a_hook_must_fire(target, pair):
     try:
         cache = target.new_cache(64)
         cache.length = len(spec.proposer.tokens) - 1
-        assert spec.proposer.greedy_run(target, cache, spec.proposer.tokens[-1], 4, 8, set(), 1.0) is None
+        assert spec.proposer.greedy_run(target, cache, spec.proposer.tokens[-1], 4, 8, 8, set(), 1.0) is None
         assert generate(target, PROMPTS[1], spec)[0] == generate(target, PROMPTS[1])[0] and fired
     finally:
         handle.remove()

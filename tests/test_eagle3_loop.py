@@ -172,7 +172,7 @@ def test_greedy_run_declines_trees_and_hooks(target, heads):
         try:
             cache = target.new_cache(64)
             cache.length = len(spec.proposer.tokens) - 1
-            assert spec.proposer.greedy_run(target, cache, spec.proposer.tokens[-1], 4, 8, set(), 1.0) is None
+            assert spec.proposer.greedy_run(target, cache, spec.proposer.tokens[-1], 4, 8, 8, set(), 1.0) is None
             if hook:
                 assert generate(target, PROMPTS[0], spec)[0] == generate(target, PROMPTS[0])[0] and fired
         finally:

@@ -60,7 +60,7 @@ def test_greedy_run_declines_where_the_models_are_not_whole_in_the_kernels(pard,
     seen = []
     handle = proposer.model.model.layers[0].register_forward_hook(lambda *a: seen.append(1))
     try:
-        assert proposer.greedy_run(llm.target, llm.target.new_cache(64), 1, 4, 10, set(), 1.0) is None
+        assert proposer.greedy_run(llm.target, llm.target.new_cache(64), 1, 4, 10, 10, set(), 1.0) is None
         assert llm.generate(PROMPTS[0], GREEDY)[0].token_ids == expected
         assert seen  # the hooked layer ran in Python
     finally:
@@ -70,7 +70,7 @@ def test_greedy_run_declines_where_the_models_are_not_whole_in_the_kernels(pard,
     try:
         slow = spec_llm(target, draft, method, 4)
         assert slow.generate(PROMPTS[0], GREEDY)[0].token_ids == expected
-        assert slow.engine.spec.proposer.greedy_run(slow.target, slow.target.new_cache(64), 1, 4, 10, set(), 1.0) is None
+        assert slow.engine.spec.proposer.greedy_run(slow.target, slow.target.new_cache(64), 1, 4, 10, 10, set(), 1.0) is None
     finally:
         monkeypatch.delenv("SPECLITE_CPU_KERNELS")
         cpu_build.isa.cache_clear()

@@ -126,7 +126,8 @@ def small(tmp_path_factory):
 def test_sampling_matches_target_distribution(small, params, kw):
     target, head_dir = small
     pairs, thirds, accepted, proposed = sampled_counts(target, MedusaProposer(load_draft(head_dir, target), **kw), params)
-    assert 0.05 < accepted / proposed < 0.95, accepted / proposed
+    # Drafts stand often enough to test both ways (a two-path tree of the heads' top 2: ~4%, 300 stood).
+    assert 0.02 < accepted / proposed < 0.95, accepted / proposed
     joint, third = exact_distributions(target, params)
     assert chi_square_pvalue(pairs, joint) > 1e-4
     assert chi_square_pvalue(thirds, third) > 1e-4

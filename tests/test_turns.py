@@ -49,3 +49,22 @@ def plain():
 def test_turns_sharing_prefixes_decode_as_plain(plain, method):
     llm = LLM("tiny-code", {"method": method, "num_speculative_tokens": 4, "model": DRAFTS[method]})
     assert run(llm) == plain
+
+
+SEEDED = SamplingParams(max_new_tokens=40, temperature=1.2, seed=5, ignore_eos=True)
+
+
+@pytest.mark.parametrize("method", [m for m in DRAFTS if m not in ("suffix", "hybrid")])  # those learn as they go
+def test_seeded_sampling_repeats_and_a_stop_string_only_cuts(method):
+    """A seeded request draws the same text when its prompt comes again (the target's cache then holds
+    it: a method drafting from the target's states gets the state it drafts from recomputed, not its
+    first iteration without drafts) and with a stop string, cut there (a call that stops early still
+    drafts each iteration as many tokens as a call without the stop: the uniforms are taken alike)."""
+    llm = LLM("tiny-code", {"method": method, "num_speculative_tokens": 4, "model": DRAFTS[method]})
+    prompt = "def fibonacci(n):\n"
+    full = llm.generate(prompt, SEEDED)[0].text
+    assert llm.generate(prompt, SEEDED)[0].text == full
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert full.index(stop) > 20  # met after a few calls
+    stopped = llm.generate(prompt, SamplingParams(**{**SEEDED.__dict__, "stop": [stop]}))[0].text
+    assert stopped == full[: full.index(stop)]

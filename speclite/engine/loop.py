@@ -30,8 +30,9 @@ from speclite.speculate.verify import get_verifier, greedy, reject_all, rejectio
 NO_DRAFTS = Proposal([])
 CHUNK_S = 0.02  # plain greedy decoding's chunk: seconds of steps per call (a decode step or more)
 # With a stop string the engine looks for it after each call, and what a call produced past it is work
-# thrown away: a call then produces at most as many tokens as came before it (so an early stop wastes
-# little), two at least and this many at most.
+# thrown away: a call then stops once it has produced as many tokens as came before it (so an early stop
+# wastes little), two at least and this many at most (a speculative iteration that passes it is finished:
+# each iteration drafts as it would in a call without the stop, so seeded sampling draws the same text).
 STOP_CHUNK_TOKENS = 16
 
 
@@ -128,9 +129,9 @@ class Decoding:
                 # them, the iterations run one by one (the last steps too few for a chain).
                 run, timed, kind = None, step_s is not None, "speculative" if k else "plain"
                 if chunked and step_s and kind not in declined:
-                    call_room = min(room, STOP_CHUNK_TOKENS, max(2, produced)) if params.stop else room
+                    enough = min(room, STOP_CHUNK_TOKENS, max(2, produced)) if params.stop else room
                     if k == 0:
-                        steps, vocab = min(call_room, int(CHUNK_S / step_s)), target.args.vocab_size
+                        steps, vocab = min(enough, int(CHUNK_S / step_s)), target.args.vocab_size
                         chained = (target.chain(token, cache, steps, vocab, params, generator, wants) if steps > 1
                                    else ([], None))
                         if chained is not None:
@@ -141,9 +142,9 @@ class Decoding:
                                 new = until_eos(chain, eos)  # the states of the rows that fed them
                                 spec.proposer.observe(new, states.select(list(range(len(new)))) if wants else None)
                     elif params.greedy:
-                        run = spec.proposer.greedy_run(target, cache, token, k, call_room, eos, CHUNK_S)
+                        run = spec.proposer.greedy_run(target, cache, token, k, room, enough, eos, CHUNK_S)
                     else:
-                        run = spec.proposer.sampled_run(target, cache, token, k, call_room, eos, CHUNK_S, params,
+                        run = spec.proposer.sampled_run(target, cache, token, k, room, enough, eos, CHUNK_S, params,
                                                         generator)
                     if run is None:
                         declined.add(kind)

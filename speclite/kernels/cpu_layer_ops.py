@@ -257,17 +257,17 @@ def head_chain(layer: Layer, head: Head, embed: torch.Tensor, vocab_map: torch.T
 
 
 def draft_iterations(target: Decoder, draft: Decoder, t_len: int, d_len: int, unseen: list[int], mask: int | None,
-                     token: int, k: int, d_vocab: int, room: int, eos: set[int], seconds: float, warp=None,
-                     uniforms: torch.Tensor | None = None):
+                     token: int, k: int, d_vocab: int, room: int, enough: int, eos: set[int], seconds: float,
+                     warp=None, uniforms: torch.Tensor | None = None):
     """Speculative iterations of a draft model (parallel, from `mask` tokens; or autoregressive, mask
     None) and its target in one call (see speclite_draft_iterations): greedy, or with `warp` (a
     cpu_sampling.Warp) rejection sampling with `uniforms` (float32, taken in the loop's order; the
     call stops before it would run out). ([per iteration (drafts offered, drafts stood, new tokens,
     draft s, verify s)], the target's and the draft's cache lengths after them, the uniforms used)."""
-    run, lengths = _Run(room), (ctypes.c_int * 3)()
+    run, lengths = _Run(room, enough, k), (ctypes.c_int * 3)()
     n = _library().speclite_draft_iterations(
         ctypes.byref(target), ctypes.byref(draft), DTYPES[target.dtype], t_len, d_len, *_ints(unseen),
-        -1 if mask is None else mask, token, k, d_vocab, room, *_sampling(warp, uniforms), *_ints(sorted(eos)),
+        -1 if mask is None else mask, token, k, d_vocab, room, enough, *_sampling(warp, uniforms), *_ints(sorted(eos)),
         int(seconds * 1e9), *run.outputs, lengths, torch.get_num_threads())
     return run.iterations(n), (lengths[0], lengths[1]), lengths[2]
 
@@ -275,21 +275,21 @@ def draft_iterations(target: Decoder, draft: Decoder, t_len: int, d_len: int, un
 def head_iterations(target: Decoder, layers: Layers, vocab_map: torch.Tensor | None, fuse: Matrices | None,
                     aux: list[int], normed_state: bool, head_cache, head_cos: torch.Tensor, head_sin: torch.Tensor,
                     t_len: int, committed: int, pairs: list[int], pending: torch.Tensor, token: int, k: int, room: int,
-                    eos: set[int], seconds: float, warp=None, uniforms: torch.Tensor | None = None):
+                    enough: int, eos: set[int], seconds: float, warp=None, uniforms: torch.Tensor | None = None):
     """Speculative iterations of a one-layer drafting head (`layers`: its Layers with their Head) over
     the target's states (the inputs of layers `aux` through `fuse`, or without fuse its final normed
     states) and the target, in one call (see speclite_head_iterations): greedy, or with `warp` (a
     cpu_sampling.Warp) rejection sampling with `uniforms` as draft_iterations takes them. ([per
     iteration (drafts offered, drafts stood, new tokens, draft s, verify s)], (the target's cache
     length, the head's committed entries), the pending states [T, H] after them, the uniforms used)."""
-    run, lengths, pending = _Run(room), (ctypes.c_int * 4)(), pending.contiguous()
+    run, lengths, pending = _Run(room, enough, k), (ctypes.c_int * 4)(), pending.contiguous()
     out = torch.empty(max(k + 1, pending.shape[0]), pending.shape[1], dtype=pending.dtype)
     (cache_k, cache_v), layer = head_cache, layers.layers[0]
     n = _library().speclite_head_iterations(
         ctypes.byref(target), ctypes.byref(layer), layers.head, None if vocab_map is None else vocab_map.data_ptr(),
         None if fuse is None else ctypes.byref(fuse), *_ints(aux), cache_k.data_ptr(), cache_v.data_ptr(),
         head_cos.data_ptr(), head_sin.data_ptr(), cache_k.shape[1], layer.head_dim ** -0.5, normed_state,
-        DTYPES[target.dtype], t_len, committed, *_ints(pairs), pending.data_ptr(), token, k, room,
+        DTYPES[target.dtype], t_len, committed, *_ints(pairs), pending.data_ptr(), token, k, room, enough,
         *_sampling(warp, uniforms), *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, out.data_ptr(), lengths,
         torch.get_num_threads())
     return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]], lengths[3]
@@ -297,7 +297,7 @@ def head_iterations(target: Decoder, layers: Layers, vocab_map: torch.Tensor | N
 
 def dflash_iterations(target: Decoder, draft: Decoder, kv: list[Matrices], fuse: Matrices, fuse_norm: torch.Tensor,
                       fuse_eps: float, aux: list[int], mask: int, t_len: int, committed: int, pending: torch.Tensor,
-                      token: int, k: int, room: int, eos: set[int], seconds: float, warp=None,
+                      token: int, k: int, room: int, enough: int, eos: set[int], seconds: float, warp=None,
                       uniforms: torch.Tensor | None = None):
     """Speculative iterations of a DFlash drafter (`draft`: its layers, its norm with the target's
     lm_head as the head, the target's embedding, its cache; kv: each layer's k and v projections)
@@ -306,12 +306,12 @@ def dflash_iterations(target: Decoder, draft: Decoder, kv: list[Matrices], fuse:
     `uniforms` as draft_iterations takes them. ([per iteration (drafts offered, drafts stood, new
     tokens, draft s, verify s)], (the target's cache length, the drafter's context entries), the
     pending context rows [T, H] after them, the uniforms used)."""
-    run, lengths, pending = _Run(room), (ctypes.c_int * 4)(), pending.contiguous()
+    run, lengths, pending = _Run(room, enough, k), (ctypes.c_int * 4)(), pending.contiguous()
     out = torch.empty(max(k + 1, pending.shape[0]), pending.shape[1], dtype=pending.dtype)
     kvs = (ctypes.POINTER(Matrices) * len(kv))(*(ctypes.pointer(m) for m in kv))
     n = _library().speclite_dflash_iterations(
         ctypes.byref(target), ctypes.byref(draft), kvs, ctypes.byref(fuse), fuse_norm.data_ptr(), fuse_eps, *_ints(aux),
-        mask, DTYPES[target.dtype], t_len, committed, pending.shape[0], pending.data_ptr(), token, k, room,
+        mask, DTYPES[target.dtype], t_len, committed, pending.shape[0], pending.data_ptr(), token, k, room, enough,
         *_sampling(warp, uniforms), *_ints(sorted(eos)), int(seconds * 1e9), *run.outputs, out.data_ptr(), lengths,
         torch.get_num_threads())
     return run.iterations(n), (lengths[0], lengths[1]), out[: lengths[2]], lengths[3]
@@ -333,11 +333,11 @@ def _ints(values: list[int]) -> tuple:
 
 class _Run:
     """What a call of speculative iterations fills: the new tokens, and per iteration the drafts
-    offered and stood and the ns spent drafting and verifying (at most `room` iterations: each
-    brings a token)."""
+    offered and stood and the ns spent drafting and verifying (each iteration brings a token; at most
+    `room`, or the k + 1 of an iteration past `enough` - 1)."""
 
-    def __init__(self, room: int):
-        cap = max(room, 1)
+    def __init__(self, room: int, enough: int, k: int):
+        cap = max(min(room, enough + k), 1)
         self.tokens, self.drafted, self.accepted = ((ctypes.c_int * cap)() for _ in range(3))
         self.draft_ns, self.verify_ns = (ctypes.c_int64 * cap)(), (ctypes.c_int64 * cap)()
         self.outputs = (self.tokens, self.drafted, self.accepted, self.draft_ns, self.verify_ns)
@@ -365,13 +365,13 @@ SIGNATURES = {
     "speclite_head_chain": [ctypes.POINTER(Layer), ctypes.POINTER(Head), _P, _I, _P, ctypes.POINTER(ctypes.c_int), _I,
                             _P, _P, _P, _I, _P, _P, _I, _I, _F, _I, _I, ctypes.POINTER(ctypes.c_int), _I],
     "speclite_draft_iterations": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _I, _I, _I, _P, _I, _I, _I, _I,
-                                  _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
+                                  _I, _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _I],
     "speclite_head_iterations": [ctypes.POINTER(Decoder), ctypes.POINTER(Layer), ctypes.POINTER(Head), _P,
                                  ctypes.POINTER(Matrices), _P, _I, _P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _P, _I, _P, _I,
-                                 _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
+                                 _I, _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
     "speclite_dflash_iterations": [ctypes.POINTER(Decoder), ctypes.POINTER(Decoder), _P, ctypes.POINTER(Matrices), _P,
-                                   _F, _P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, _P, _I, _P, _I, ctypes.c_int64,
-                                   _P, _P, _P, _P, _P, _P, _P, _I],
+                                   _F, _P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _I, _I, _P, _P, _I, _P, _I,
+                                   ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, _I],
 }
 
 

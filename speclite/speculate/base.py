@@ -105,25 +105,28 @@ class Proposer(ABC):
         nothing is wanted.
         """
 
-    def greedy_run(self, target, cache, token: int, k: int, room: int, eos: set[int], seconds: float) -> list[Iteration] | None:
+    def greedy_run(self, target, cache, token: int, k: int, room: int, enough: int, eos: set[int],
+                   seconds: float) -> list[Iteration] | None:
         """Greedy iterations with k drafts each, run with the target (its `cache` fed `token` and
-        the drafts) without Python between them, for about `seconds` or until a new token is in
-        `eos`, `room` new tokens at most: the tokens the loop would give, the caches and this
-        proposer's state left as its iterations would leave them. None (no kernel_run, or where the
-        models cannot): the loop runs its iterations one by one."""
-        return self.kernel_run(target, cache, token, k, room, eos, seconds, None, None)
+        the drafts) without Python between them, for about `seconds`, until a new token is in `eos`
+        or until `enough` new tokens are out (k is not cut to that, only to `room`, the most new
+        tokens there may be): the tokens the loop would give, the caches and this proposer's state
+        left as its iterations would leave them. None (no kernel_run, or where the models cannot):
+        the loop runs its iterations one by one."""
+        return self.kernel_run(target, cache, token, k, room, enough, eos, seconds, None, None)
 
-    def sampled_run(self, target, cache, token: int, k: int, room: int, eos: set[int], seconds: float,
+    def sampled_run(self, target, cache, token: int, k: int, room: int, enough: int, eos: set[int], seconds: float,
                     params, generator) -> list[Iteration] | None:
         """As greedy_run under rejection sampling (params: the request's SamplingParams): drafts drawn
         from this proposer's warped distributions and verified as the `rejection` verifier verifies
         a chain, with the generator's uniforms taken in the loop's order, so the tokens and the
         generator's state are those of the iterations one by one. None (no kernel_run, or where the
         models cannot): the loop runs its iterations one by one."""
-        return self.kernel_run(target, cache, token, k, room, eos, seconds, cpu_sampling.Warp.of(params), generator)
+        return self.kernel_run(target, cache, token, k, room, enough, eos, seconds, cpu_sampling.Warp.of(params),
+                               generator)
 
-    def kernel_run(self, target, cache, token: int, k: int, room: int, eos: set[int], seconds: float, warp,
-                   generator) -> list[Iteration] | None:
+    def kernel_run(self, target, cache, token: int, k: int, room: int, enough: int, eos: set[int], seconds: float,
+                   warp, generator) -> list[Iteration] | None:
         """greedy_run (warp None) and sampled_run (a cpu_sampling.Warp, the generator whose uniforms
         the call takes): a proposer's iterations in one call of the CPU kernels. None by default."""
         return None

@@ -111,7 +111,8 @@ class DraftModelProposer(Proposer):
             drafts.append(token)
         return torch.cat(drafts).tolist()
 
-    def kernel_run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
+    def kernel_run(self, target, cache, token, k, room, enough, eos, seconds, warp,
+                   generator) -> list[Iteration] | None:
         """On the CPU, both models whole in the kernels: the iterations in one C call, the draft's
         forward (or forwards), its argmaxes (sampled: its draws, the acceptances and the next token's
         draw as the loop's rejection sampling does, uniforms for up to 64 iterations drawn ahead and the
@@ -122,10 +123,10 @@ class DraftModelProposer(Proposer):
         ours, theirs = self.model.kernel_decoder(self.cache), target.kernel_decoder(cache)
         if ours is None or theirs is None or ours.dtype != theirs.dtype:
             return None
-        ahead = None if warp is None else Ahead.iterations(generator, room, k)
+        ahead = None if warp is None else Ahead.iterations(generator, min(room, enough), k)
         run, (cache.length, self.cache.length), used = cpu_layer_ops.draft_iterations(
             theirs, ours, cache.length, self.cache.length, self.tokens[self.cache.length :], self.mask_token, token, k,
-            self.target_vocab, room, eos, seconds, warp, None if ahead is None else ahead.values)
+            self.target_vocab, room, enough, eos, seconds, warp, None if ahead is None else ahead.values)
         if ahead is not None:
             ahead.settle(used)
         run = [Iteration(*iteration) for iteration in run]

@@ -255,6 +255,7 @@ struct Iterations {
     int64_t *draft_ns, *verify_ns;
     const int *eos;
     int n_eos;
+    int enough;     // the call stops once this many new tokens are out (an iteration's k is not cut to fit it)
     int64_t until;  // the call's time budget ends (team::now_ns)
     int count = 0, produced = 0;
     bool stop = false;
@@ -277,7 +278,7 @@ struct Iterations {
             produced++;
         }
         drafted[count] = kk, accepted[count] = n, draft_ns[count] = draft, verify_ns[count++] = verify;
-        stop |= team::now_ns() >= until;
+        stop |= produced >= enough || team::now_ns() >= until;
     }
 };
 
@@ -622,15 +623,17 @@ void speclite_embed(const void *table, int edt, const int64_t *ids, int n, int H
 // advances past them).
 // k shrinks to fit both caches and `room` new tokens, at least one left to the target; the call
 // stops where that leaves no draft, after an iteration whose new tokens hold one of eos[0..n_eos),
-// once budget_ns have passed, or where fewer than 2k + 1 of the n_uniforms are left. Out: the new
+// once `enough` new tokens are out (an early stop, as a stop string's calls make: k is not cut to
+// it, so the iterations are those of calls without it) or budget_ns have passed, or where fewer than
+// 2k + 1 of the n_uniforms are left. Out: the new
 // tokens in order, per iteration the drafts offered (drafted), stood (accepted) and the ns spent
 // drafting and verifying; lengths = the caches' final lengths (target, draft) and the uniforms used.
 // Returns the number of iterations.
 int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int dt, int t_len, int d_len,
                               const int *unseen, int n_unseen, int mask, int token, int k, int d_vocab, int room,
-                              const Warp *warp, const float *uniforms, int n_uniforms, const int *eos, int n_eos,
-                              int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
-                              int64_t *verify_ns, int *lengths, int threads) {
+                              int enough, const Warp *warp, const float *uniforms, int n_uniforms, const int *eos,
+                              int n_eos, int64_t budget_ns, int *tokens, int *drafted, int *accepted,
+                              int64_t *draft_ns, int64_t *verify_ns, int *lengths, int threads) {
     const int H = target->layers[0]->o->n, Hd = draft->layers[0]->o->n, Vrow = draft->head->mats->n;
     const int V = target->head->mats->n, Vd = std::min(d_vocab, Vrow);
     const int64_t es = dt == F32 ? 4 : 2;
@@ -645,7 +648,7 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
     std::vector<int> fed(unseen, unseen + n_unseen), drafts(k);
     std::vector<void *> no_t(target->n + 1, nullptr), no_d(draft->n + 1, nullptr);
     Picks picks{warp, uniforms, n_uniforms, V, k, threads};
-    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
+    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, enough, team::now_ns() + budget_ns};
     int kk = 0;  // this iteration's drafts (0: stop), thread 0's to decide
     int64_t draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration: its k and the draft's rows
@@ -717,18 +720,18 @@ int speclite_draft_iterations(const Decoder *target, const Decoder *draft, int d
 // normed states, MTP's) are the next pending states, paired with the new tokens (c advances past
 // the pairs, t_len past the new tokens); normed_state as in speclite_head_chain. k shrinks as
 // the loop's proposer shrinks it (room for the head's chain, `room` new tokens, one of them the
-// target's); the call stops where that leaves no draft, after an EOS, once budget_ns have passed,
-// or where too few of the n_uniforms are left. Out as speclite_draft_iterations's; lengths = (t_len,
-// c, T, uniforms used) after the last iteration and pending_out [k + 1, Hh] its first T rows the
-// pending states. Returns the number of iterations.
+// target's); the call stops where that leaves no draft, after an EOS, once `enough` new tokens are
+// out or budget_ns have passed, or where too few of the n_uniforms are left. Out as
+// speclite_draft_iterations's; lengths = (t_len, c, T, uniforms used) after the last iteration and
+// pending_out [k + 1, Hh] its first T rows the pending states. Returns the number of iterations.
 int speclite_head_iterations(const Decoder *target, const Layer *layer, const Head *head, const int64_t *vocab_map,
                          const Matrices *fuse, const int *aux, int n_aux, void *head_k, void *head_v, const void *head_cos,
                          const void *head_sin, int head_max_len, float head_scale, int normed_state, int dt,
                          int t_len, int c,
-                         const int *pairs, int T, const void *pending, int token, int k, int room, const Warp *warp,
-                         const float *uniforms, int n_uniforms, const int *eos, int n_eos, int64_t budget_ns,
-                         int *tokens, int *drafted, int *accepted, int64_t *draft_ns, int64_t *verify_ns,
-                         void *pending_out, int *lengths, int threads) {
+                         const int *pairs, int T, const void *pending, int token, int k, int room, int enough,
+                         const Warp *warp, const float *uniforms, int n_uniforms, const int *eos, int n_eos,
+                         int64_t budget_ns, int *tokens, int *drafted, int *accepted, int64_t *draft_ns,
+                         int64_t *verify_ns, void *pending_out, int *lengths, int threads) {
     const int H = target->layers[0]->o->n, L = target->n;
     const int64_t es = dt == F32 ? 4 : 2, trow = es * H;
     Model t{target->layers, L, target->head, layer_buffers, scratch, layer_states};
@@ -743,7 +746,7 @@ int speclite_head_iterations(const Decoder *target, const Layer *layer, const He
     for (int m = 0; m < T; m++) embed_row(hc.e.data() + hc.row * m, dt, target->embed, target->edt, pairs[m], hc.H);
     std::vector<int> drafts(k);
     Picks picks{warp, uniforms, n_uniforms, target->head->mats->n, k, threads};
-    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
+    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, enough, team::now_ns() + budget_ns};
     int kk = 0, n = 0, best = 0;  // this iteration's drafts (0: stop) and verdict, thread 0's
     int64_t draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration
@@ -802,7 +805,7 @@ int speclite_head_iterations(const Decoder *target, const Layer *layer, const He
 // used) after the last iteration and pending_out [max(T, k + 1), H] its first T rows the pending rows.
 int speclite_dflash_iterations(const Decoder *target, const Decoder *draft, const Matrices *const *kv, const Matrices *fuse,
                            const void *fuse_norm, float fuse_eps, const int *aux, int n_aux, int mask, int dt, int t_len,
-                           int c, int T, const void *pending, int token, int k, int room, const Warp *warp,
+                           int c, int T, const void *pending, int token, int k, int room, int enough, const Warp *warp,
                            const float *uniforms, int n_uniforms, const int *eos, int n_eos, int64_t budget_ns,
                            int *tokens, int *drafted, int *accepted, int64_t *draft_ns, int64_t *verify_ns,
                            void *pending_out, int *lengths, int threads) {
@@ -824,7 +827,7 @@ int speclite_dflash_iterations(const Decoder *target, const Decoder *draft, cons
     memcpy(ctx.data(), pending, trow * T);
     std::vector<int> drafts(k);
     Picks picks{warp, uniforms, n_uniforms, V, k, threads};
-    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, team::now_ns() + budget_ns};
+    Iterations out{tokens, drafted, accepted, draft_ns, verify_ns, eos, n_eos, enough, team::now_ns() + budget_ns};
     int kk = 0, n = 0, best = 0;  // this iteration's drafts (0: stop) and verdict, thread 0's
     int64_t t0 = 0, draft_time = 0;
     auto decide = [&] {  // thread 0, before an iteration

@@ -111,7 +111,8 @@ class DFlashProposer(Proposer):
             self.waiting = []
             self.pending = cpu_layer_ops.cat([self.pending, *fused], dim=0)
 
-    def kernel_run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
+    def kernel_run(self, target, cache, token, k, room, enough, eos, seconds, warp,
+                   generator) -> list[Iteration] | None:
         """On the CPU, target and drafter whole in the kernels: the iterations in one C call (the
         context's injection, the block's forward and argmaxes or draws, the target's pass capturing the
         layers the drafter reads, the acceptance or rejection sampling, fc and hidden_norm over the stood
@@ -126,11 +127,11 @@ class DFlashProposer(Proposer):
         if self.pending.shape[0] != len(self.tokens) - 1 - self.cache.length:
             return []
         k = min(k, self.draft.block_size - 1)
-        ahead = None if warp is None else Ahead.iterations(generator, room, k)
+        ahead = None if warp is None else Ahead.iterations(generator, min(room, enough), k)
         run, (cache.length, self.cache.length), self.pending, used = cpu_layer_ops.dflash_iterations(
             theirs, decoder, kv, fuse, norm.weight, norm.eps, [i + 1 for i in self.draft.target_layers],
-            self.draft.mask_token, cache.length, self.cache.length, self.pending, token, k, room, eos, seconds, warp,
-            None if ahead is None else ahead.values)
+            self.draft.mask_token, cache.length, self.cache.length, self.pending, token, k, room, enough, eos, seconds,
+            warp, None if ahead is None else ahead.values)
         if ahead is not None:
             ahead.settle(used)
         run = [Iteration(*iteration) for iteration in run]

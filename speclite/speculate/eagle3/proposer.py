@@ -60,8 +60,10 @@ class Eagle3Proposer(Proposer):
     def _standing(self, prompt_ids: list[int]) -> tuple[int, int]:
         """(entries, pending rows) that stand for a request of `prompt_ids`. Entry p pairs position
         p with token p + 1, so it stands while both are unchanged; a pending row (the states of one
-        position, before it joins the cache) while its position's token and those before are."""
-        common = shared_prefix(self.tokens, prompt_ids)
+        position, before it joins the cache) while its position's token and those before are. The
+        prompt's last pair (position n - 2) stays pending, as in a request that prefilled it all:
+        the head's first draft comes from running it, so a repeated prompt drafts as it did first."""
+        common = min(shared_prefix(self.tokens, prompt_ids), len(prompt_ids) - 1)
         entries = min(self.committed, max(common - 1, 0))
         pending = 0 if entries < self.committed else self._rows()
         return entries, max(min(pending, common - entries), 0)
@@ -118,7 +120,8 @@ class Eagle3Proposer(Proposer):
             self.waiting = []
             self.pending = cpu_layer_ops.cat(fused if self.pending is None else [self.pending, *fused], dim=0)
 
-    def kernel_run(self, target, cache, token, k, room, eos, seconds, warp, generator) -> list[Iteration] | None:
+    def kernel_run(self, target, cache, token, k, room, enough, eos, seconds, warp,
+                   generator) -> list[Iteration] | None:
         """On the CPU, target and head whole in the kernels and a chain asked for: the iterations in one
         C call, the head's chain (its pending pairs first; sampled: drawn from the head's warps over
         the target's vocabulary, an MTP module's being the target's, checked at load), the target's
@@ -138,10 +141,10 @@ class Eagle3Proposer(Proposer):
             return []
         k = min(k, self.steps or k)
         cos, sin = rope_rows(head, slice(0, self.cache.max_len), self.cache.max_len, self.pending.dtype, self.pending.device)
-        ahead = None if warp is None else Ahead.iterations(generator, room, k)
+        ahead = None if warp is None else Ahead.iterations(generator, min(room, enough), k)
         run, (cache.length, self.committed), self.pending, used = cpu_layer_ops.head_iterations(
             theirs, layers, head.target_ids, *states, head.normed_state, self.cache.layers[0], cos, sin, cache.length, c,
-            self.tokens[c + 1 :], self.pending, token, k, room, eos, seconds, warp,
+            self.tokens[c + 1 :], self.pending, token, k, room, enough, eos, seconds, warp,
             None if ahead is None else ahead.values)
         if ahead is not None:
             ahead.settle(used)

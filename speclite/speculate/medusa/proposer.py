@@ -44,9 +44,14 @@ class MedusaProposer(Proposer):
     def reset(self) -> None:
         self.state = None
 
+    def states_from(self, prompt_ids: list[int]) -> int:
+        """The state of the row before the prompt's last token: recomputed where the cache holds it,
+        so a repeated prompt drafts in its first iteration as it did the first time."""
+        return max(len(prompt_ids) - 2, 0)
+
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
         self.ctx = ctx
-        # No prefill (the cache held the prompt already): the first iteration runs without drafts.
+        # No prefill (a one-token prompt): the first iteration runs without drafts.
         self.state = ctx.prompt_states.final[-1] if ctx.prompt_states is not None else None
 
     def observe(self, tokens: list[int], states: Step | None = None) -> None:
