@@ -16,6 +16,7 @@ import speclite.quant.writer as writer
 from speclite.errors import SpecliteError
 from speclite.model import load_model
 from speclite.quant import quantize_to_dir
+from speclite.quant.quantize import QuantProgress
 from speclite.quant.writer import staging_dir
 
 
@@ -77,6 +78,40 @@ def test_too_little_disk_space_is_one_line_and_writes_nothing(model, tmp_path, m
     with pytest.raises(SpecliteError, match=r"^not enough disk space in .*: the checkpoint needs 0\.\d+ GB, 0\.01 GB are free$"):
         quantize_to_dir(model, out, "w8a8", evaluate=False)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("how", ["working directory", "link"])
+def test_an_empty_output_directory_is_filled_in_place(tmp_path, monkeypatch, how):
+    """`-o .` from an empty directory, or a link to an empty one: the checkpoint lands in that very
+    directory (a shell standing in it sees it; the link still leads to it)."""
+    src = save_tiny_model(tmp_path / "src")
+    target = tmp_path / "empty"
+    target.mkdir()
+    inode = target.stat().st_ino
+    if how == "link":
+        (tmp_path / "link").symlink_to("empty")
+        out = tmp_path / "link"
+    else:
+        monkeypatch.chdir(target)
+        out = "."
+    quantize_to_dir(src, out, "int4", group_size=32, evaluate=False)
+    assert target.stat().st_ino == inode and (tmp_path / "link" if how == "link" else target).resolve() == target
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["src", "empty"] + (["link"] if how == "link" else []))
+    load_model(target)
+
+
+def test_windows_past_the_context_are_cut_to_it(tmp_path):
+    notes = []
+
+    class Notes(QuantProgress):
+        def note(self, message):
+            notes.append(message)
+
+    src = save_tiny_model(tmp_path / "src")
+    context = load_model(src).args.max_position_embeddings
+    quantize_to_dir(src, tmp_path / "out", "w8a8", method="smoothquant", seq_len=context * 4, evaluate=False,
+                    progress=Notes())
+    assert f"--seq-len is past the model's context: windows of {context} tokens" in notes
 
 
 def test_piped_output_is_plain_and_verbose_lists_tensors(tmp_path):

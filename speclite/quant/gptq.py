@@ -26,6 +26,9 @@ from speclite.quant.source import TensorSource, layer_index
 from speclite.quant.writer import ShardWriter
 
 INSTALL_HINT = "pip install 'speclite[gptq]' -c constraints.txt"
+# GPTQModel drops calibration windows of this many tokens or fewer (7.6 takes no other minimum: its
+# quantize() accepts calibration_data_min_length but does not pass it on).
+GPTQMODEL_MIN_WINDOW = 10
 
 
 def gptqmodel_quantize(model_dir: Path, out_dir: Path, windows: list[torch.Tensor], group_size: int, sym: bool,

@@ -28,6 +28,7 @@ from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, LO
                                     quantized_bytes)
 from speclite.quant.rows import chunk_workers
 from speclite.quant.source import TensorSource, layer_index
+from speclite.quant.gptq import GPTQMODEL_MIN_WINDOW
 from speclite.quant.writer import SHARD_BYTES, ShardWriter, check_free_space, checkpoint_bytes, finish, prepare_out_dir
 
 # Held-out tokens scored for perplexity: enough for a stable number, cheap on a 2-core CPU.
@@ -76,9 +77,13 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     scheme = normalize_scheme(scheme)
     method = check_method(scheme, method)
     _check_options(scheme, method, group_size, sym, act_order, alpha, calib, calib_samples, seq_len, shard_bytes)
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    # OUT resolved: its staging directory beside the real directory (a link's target, "." by its name).
+    model_dir, out_dir = Path(model_dir), Path(out_dir).resolve()
     config = check_checkpoint(model_dir)[0]  # a malformed checkpoint fails before any work
     args = ModelArgs.from_hf(config)
+    if seq_len > args.max_position_embeddings:  # positions the model never reads would calibrate and score it
+        seq_len = args.max_position_embeddings
+        progress.note(f"--seq-len is past the model's context: windows of {seq_len} tokens")
     if config.get("quantization_config"):
         raise SpecliteError(f"{model_dir} is already quantized ({config['quantization_config'].get('quant_method')}); quantize the original model")
     calib_text = calibration.read_text(calib or calibration.SHIPPED_CALIB) if method != "rtn" else None
@@ -87,8 +92,12 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     windows = []
     if method != "rtn":
         windows = calibration.token_windows(tokenizer, calib_text, seq_len, calib_samples)
+        if method in ("gptq", "awq"):
+            windows = [w for w in windows if w.numel() > GPTQMODEL_MIN_WINDOW]
         if not windows:
-            raise SpecliteError("the calibration text is too short: it yields no token windows")
+            raise SpecliteError("the calibration text is too short: it yields no token windows" +
+                                (f" of more than {GPTQMODEL_MIN_WINDOW} tokens (GPTQModel drops shorter ones)"
+                                 if method in ("gptq", "awq") else ""))
 
     source = TensorSource(model_dir)
     linears = {n for n in source.names() if _LINEAR_WEIGHT.fullmatch(n)}
@@ -222,6 +231,9 @@ def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, cal
         raise SpecliteError(f"--alpha must lie in [0, 1], got {alpha}")
     if calib_samples < 1 or seq_len < 2:
         raise SpecliteError("--calib-samples must be >= 1 and --seq-len >= 2")
+    if method in ("gptq", "awq") and seq_len <= GPTQMODEL_MIN_WINDOW:
+        raise SpecliteError(f"--method {method} needs --seq-len above {GPTQMODEL_MIN_WINDOW}: GPTQModel drops "
+                            "shorter calibration windows")
     if sym and scheme != INT4:
         raise SpecliteError(f"--sym applies to int4 only ({scheme} is always symmetric)")
 

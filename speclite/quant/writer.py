@@ -141,9 +141,12 @@ def finish(staging: Path, out_dir: Path, model_dir: Path, config: dict | None) -
                 shutil.copy2(src, staging / src.name)
         if config is not None:
             (staging / "config.json").write_text(json.dumps(config, indent=2))
-        if out_dir.exists():
-            out_dir.rmdir()  # checked empty at the start; rename() needs it gone
-        os.replace(staging, out_dir)
+        if out_dir.exists():  # checked empty at the start, and perhaps a shell's working directory: filled
+            for entry in sorted(staging.iterdir(), key=lambda e: e.name == "config.json"):  # in place, config last
+                os.replace(entry, out_dir / entry.name)
+            staging.rmdir()
+        else:
+            os.replace(staging, out_dir)
     except OSError as e:
         raise SpecliteError(f"writing {out_dir} failed: {e.strerror or e}") from None
 
