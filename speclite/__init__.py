@@ -13,10 +13,17 @@ if "OMP_WAIT_POLICY" not in os.environ:
 # median 34.3 -> 32.4 ms; RESULTS.md). Read by torch at its first large allocation.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from speclite.api import LLM, SpecConfig
-from speclite.engine.engine import RequestOutput
-from speclite.sampling import SamplingParams
-from speclite.errors import SpecliteError
-
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "SpecConfig", "SpecliteError"]
 __version__ = "0.1.0"
+# Where each public name lives: imported on first use (they bring torch, a second or two), so the
+# `speclite` command's entry point (speclite.launch) is running before that and can catch a Ctrl-C.
+_HOMES = {"LLM": "speclite.api", "SpecConfig": "speclite.api", "RequestOutput": "speclite.engine.engine",
+          "SamplingParams": "speclite.sampling", "SpecliteError": "speclite.errors"}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'speclite' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_HOMES[name]), name)

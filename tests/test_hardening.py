@@ -414,6 +414,19 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
     assert err.strip().splitlines()[-1].startswith("error: internal error")
 
 
+def test_ctrl_c_while_the_command_starts_is_one_line():
+    """The installed command's entry point (speclite.launch) is running before torch loads: a Ctrl-C
+    in those first second or two is one line and exit 130, as later, not an import's traceback."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "speclite.launch", "models"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)  # the imports take longer than this
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_ctrl_c_is_exit_130_even_when_torch_turns_it_into_another_error(monkeypatch, capsys, files):
     """A KeyboardInterrupt raised while torch's C++ runs Python code can surface as another exception
     (CI saw quantize's Ctrl-C end as "ValueError: could not determine the shape of object type
