@@ -159,6 +159,21 @@ def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(session, monkey
     assert session.system == "be brief" and any(c[0] == "reply" and "/k N|auto" in c[1] for c in view.calls)
 
 
+def test_bytes_that_are_not_utf8_lose_no_later_line(pair):
+    """With a strict stdin decoder (PYTHONIOENCODING=utf-8) the bad line is refused and the lines after
+    it still run (a decoder error would have dropped its whole buffered chunk)."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "speclite.launch", "chat", "-m", str(pair[0]), "--max-new-tokens", "2"],
+                         input=b"hi \xff\n/stats\n/help\n", capture_output=True, timeout=120,
+                         env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    out, err = run.stdout.decode(), run.stderr.decode()
+    assert run.returncode == 0 and "that line is not UTF-8 text: ignored" in out + err
+    assert "no answers yet" in out and "/k N|auto" in out, (out, err)
+
+
 def test_k_needs_a_speculation_method(pair):
     session = Session(LLM(pair[0]), SamplingParams(max_new_tokens=4))
     reply = session.command("/k 3")

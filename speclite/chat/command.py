@@ -41,10 +41,13 @@ def run(session, view, interactive: bool) -> None:
             import readline  # noqa: F401  (line editing and history for input())
         except ImportError:
             pass
+    # Bytes that are not UTF-8 arrive as lone surrogates, refused below line by line; a strict decoder
+    # (some locales, PYTHONIOENCODING) would raise and drop the rest of its buffered input with them.
+    getattr(sys.stdin, "reconfigure", lambda **kw: None)(errors="surrogateescape")
     while True:
         try:
             line = input("> " if interactive else "").strip()
-            line.encode("utf-8")  # bytes that are not UTF-8 come in as lone surrogates (or raise, by locale)
+            line.encode("utf-8")
             if not interactive and line:
                 view.reply(f"> {line}")  # piped prompts: keep the transcript readable
             if line.startswith("/"):
