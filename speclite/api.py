@@ -18,11 +18,12 @@ from speclite.engine.memory import model_bytes
 from speclite.sampling import SamplingParams
 from speclite.errors import SpecliteError
 from speclite.model import Transformer, load_model
-from speclite.model.loader import resolve_device, resolve_dtype
+from speclite.model.loader import read_config, resolve_device, resolve_dtype
 from speclite.model.prepare import prepare
 from speclite.model.static import StaticDecoder
 from speclite.model.tokenizer import load_tokenizer
 from speclite.model.validate import context_length
+from speclite.quant import checkpoint
 from speclite.request import check_extra_config, check_prompt
 from speclite.speculate import BuildContext, build_proposer, get_method
 from speclite.speculate.registry import NONE, all_options, method_options, normalize_method, vllm_flags, vllm_method
@@ -136,6 +137,15 @@ def _load(model_dir: Path, device, dtype, quant: str | None, max_model_len: int 
     return model
 
 
+def quant_label(load_time: str | None, model_dir: Path | None) -> str | None:
+    """How a model's weights are quantized, for summary lines: the load-time scheme asked for, else
+    its checkpoint's quantization_config; None where dense."""
+    if load_time or model_dir is None:
+        return load_time
+    qconfig = read_config(model_dir).get("quantization_config") if (model_dir / "config.json").is_file() else None
+    return checkpoint.label(qconfig) if isinstance(qconfig, dict) else None
+
+
 def load_draft(draft: str, target_tokenizer, target_name: str, device, dtype, quant: str | None = None,
                models_file=None) -> Transformer:
     """A draft model, checked to share the target's tokenizer, quantized at load if asked."""
@@ -179,7 +189,8 @@ class LLM:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.target = _load(self.model_dir, self.device, self.dtype, quant, max_model_len)
         self.max_len = context_length(self.target.args.max_position_embeddings, max_model_len)
-        self.draft_name = None
+        self.quant_label = quant_label(quant, self.model_dir)  # the checkpoint's where none was asked for
+        self.draft_name = self.draft_quant_label = None
         self.engine = Engine(self.target, self.tokenizer, eos_ids(self.model_dir, self.tokenizer), self.max_len)
         self._speculation = self._build_speculation(models_file)
         self.engine.spec = self._speculation
@@ -207,7 +218,7 @@ class LLM:
             if method.loads_draft_model(cfg.options, draft_dir):
                 draft_model = load_draft(draft, self.tokenizer, self.model_name, self.device, self.dtype,
                                          cfg.draft_quant, models_file)
-            self.draft_name = str(draft)
+            self.draft_name, self.draft_quant_label = str(draft), quant_label(cfg.draft_quant, draft_dir)
         ctx = BuildContext(cfg.options, self.target, draft_model, self.max_len, draft_dir, cfg.draft_quant)
         proposer = build_proposer(cfg.method, ctx)
         length = spec_length(cfg.k, method, proposer)
@@ -297,9 +308,12 @@ class LLM:
     def describe(self) -> str:
         """One line saying what was loaded."""
         spec = self.spec_config
-        parts = [f"target {self.model_name}" + (f" [{self.quant}]" if self.quant else "")]
+        def named(what: str, name: str, quant: str | None) -> str:
+            return f"{what} {name}" + (f" [{quant}]" if quant else "")
+
+        parts = [named("target", self.model_name, self.quant_label)]
         if self.draft_name:
-            parts.append(f"draft {self.draft_name}" + (f" [{spec.draft_quant}]" if spec.draft_quant else ""))
+            parts.append(named("draft", self.draft_name, self.draft_quant_label))
         if self.engine.spec is not None:
             parts.append(f"speculation {spec.method} k={self.k_label}")
         parts.append(f"{self.device.type} {str(self.dtype).removeprefix('torch.')}")

@@ -174,6 +174,20 @@ def test_bytes_that_are_not_utf8_lose_no_later_line(pair):
     assert "no answers yet" in out and "/k N|auto" in out, (out, err)
 
 
+def test_a_checkpoints_own_quantization_is_shown(pair, tmp_path):
+    """A target and a draft quantized on disk (their quantization_config) read as such, as those quantized
+    at load do, in the loaded line and the panel."""
+    from speclite.quant import quantize_to_dir
+
+    quantize_to_dir(pair[0], tmp_path / "t", "int4", group_size=32, evaluate=False)
+    quantize_to_dir(pair[1], tmp_path / "d", "fp8-block", evaluate=False)
+    llm = LLM(tmp_path / "t", SpecConfig(method="vanilla", k=2, draft=str(tmp_path / "d")))
+    assert "target " + str(tmp_path / "t") + " [int4 gptq], draft " + str(tmp_path / "d") + " [fp8]" in llm.describe()
+    assert Setup.of(llm).models == "target t [int4 gptq] · draft d [fp8]"
+    loaded = LLM(pair[0], SpecConfig(method="vanilla", k=2, draft=str(pair[1]), draft_quant="w8a8"), quant="int4")
+    assert Setup.of(loaded).models.endswith("[int4] · draft draft [w8a8]")
+
+
 def test_k_needs_a_speculation_method(pair):
     session = Session(LLM(pair[0]), SamplingParams(max_new_tokens=4))
     reply = session.command("/k 3")

@@ -37,11 +37,11 @@ class Setup:
         k = llm.k_label
         draft = None
         if llm.draft_name:
-            draft = f"{_short(llm.draft_name)} [{llm.spec_config.draft_quant or dtype}]"
+            draft = f"{_short(llm.draft_name)} [{llm.draft_quant_label or dtype}]"
         return cls(
             method=llm.spec_config.method if k is not None else "off",
             k=k or "",
-            target=f"{_short(llm.model_name)} [{llm.quant or dtype}]",
+            target=f"{_short(llm.model_name)} [{llm.quant_label or dtype}]",
             draft=draft,
         )
 

@@ -24,6 +24,18 @@ SUPPORTED = ("fp8", "gptq", "awq", "compressed-tensors", "bitsandbytes")
 Builder = Callable[[str, dict, "torch.Tensor | None", torch.dtype, torch.device], "QuantLinear | None"]
 
 
+def label(qconfig: dict) -> str:
+    """A checkpoint's quantization in a summary line's words ("int4 gptq", "fp8", "w8a8", "nf4")."""
+    method = str(qconfig.get("quant_method", "")).lower()
+    if method in ("gptq", "awq"):
+        return f"int{qconfig.get('bits', 4)} {method}"
+    if method == "compressed-tensors":
+        return "w8a8"
+    if method == "bitsandbytes":
+        return str(qconfig.get("bnb_4bit_quant_type", "nf4")) if qconfig.get("load_in_4bit") else "int8 (bnb)"
+    return method
+
+
 def load_quantized_linears(model: nn.Module, qconfig: dict, tensors: dict, dtype, device) -> None:
     method = str(qconfig.get("quant_method", "")).lower()
     factories = {"fp8": _fp8, "gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed_tensors,
