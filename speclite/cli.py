@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -14,8 +16,25 @@ from speclite.bench.command import bench
 from speclite.chat.command import chat
 from speclite.cli_options import (GIVEN, QUANT_SCHEMES, build_llm, console, model_options, sampling_options,
                                   sampling_params, spec_options, threads_option)
-from speclite.errors import SpecliteError
+from speclite.errors import Interrupted, SpecliteError
 from speclite.serve.command import serve
+
+# The SIGINTs main() saw: a KeyboardInterrupt raised while torch's C++ runs Python code can reach us as
+# another error (a ValueError from torch.tensor, say), and the signal itself says it was Ctrl-C.
+_sigints: list[int] = []
+
+
+@contextlib.contextmanager
+def interrupted_as(stands: Callable[[], str]):
+    """A command's work (also a decorator): a Ctrl-C inside it ends the command with what `stands()` says
+    stands and what to run again, on its one line."""
+    try:
+        yield
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) or _sigints:
+            raise Interrupted(stands()) from None
+        raise
+
 
 @click.group()
 @click.option("--models-file", envvar="SPECLITE_MODELS_FILE", type=click.Path(dir_okay=False), default=None,
@@ -78,6 +97,7 @@ def pull(ctx, model):
 @click.option("--output", "-o", "output_path", required=True, type=click.Path(path_type=Path), help="JSONL results (appended).")
 @click.option("--echo", is_flag=True, help="Also print each finished completion.")
 @click.pass_context
+@interrupted_as(lambda: "finished results are saved; run the same command again to resume")
 def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, top_p, top_k, seed, **flags):
     """Generate for every line of a JSONL file; re-running resumes where it stopped."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -148,13 +168,20 @@ def quantize(ctx, model, scheme, method, group_size, sym, act_order, alpha, cali
             raise SpecliteError(f"--{name.replace('_', '-')} is not used here: {why}")
     model_dir = resolve(model, ctx.obj["models_file"])
     progress = ConsoleProgress(console(stderr=True), verbose)
-    try:
-        report = quantize_to_dir(model_dir, out_dir, scheme, method=method, group_size=group_size, sym=sym,
-                                 act_order=act_order, alpha=alpha, calib=calib, calib_samples=calib_samples,
-                                 seq_len=seq_len, shard_bytes=shard_size * 1024**2, evaluate=not no_eval,
-                                 progress=progress)
-    finally:
-        progress.stop()
+
+    def stands() -> str:
+        if progress.out_dir is None:
+            return "nothing was written; run the same command again"
+        return f"{progress.out_dir} is written; its perplexity report was skipped"
+
+    with interrupted_as(stands):
+        try:
+            report = quantize_to_dir(model_dir, out_dir, scheme, method=method, group_size=group_size, sym=sym,
+                                     act_order=act_order, alpha=alpha, calib=calib, calib_samples=calib_samples,
+                                     seq_len=seq_len, shard_bytes=shard_size * 1024**2, evaluate=not no_eval,
+                                     progress=progress)
+        finally:
+            progress.stop()
     console().print(quant_report(report))
 
 
@@ -192,17 +219,15 @@ cli.add_command(bench)
 cli.add_command(serve)
 
 
-INTERRUPTED = "interrupted: finished results are saved; run the same command again to resume"
+INTERRUPTED = "interrupted"
 
 
 def main():
     """Entry point, and the one place an exception becomes one line on stderr and a non-zero exit."""
-    interrupts = []
+    _sigints.clear()
 
     def on_interrupt(signum, frame):
-        # A KeyboardInterrupt raised while torch's C++ runs Python code can reach us as another error
-        # (a ValueError from torch.tensor, say): the signal itself says it was Ctrl-C.
-        interrupts.append(signum)
+        _sigints.append(signum)
         signal.default_int_handler(signum, frame)
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
@@ -210,9 +235,11 @@ def main():
         cli(standalone_mode=False)
         return
     except Exception as e:  # noqa: BLE001 - every failure ends here, as one line
-        error, (code, message) = e, (130, INTERRUPTED) if interrupts else _one_line(e)
+        error, (code, message) = e, _one_line(e)
+        if _sigints and code != 130:
+            code, message = 130, INTERRUPTED
     except KeyboardInterrupt as e:
-        error, code, message = e, 130, INTERRUPTED
+        error, code, message = e, 130, _interrupted(e)
     finally:
         signal.signal(signal.SIGINT, previous)  # main() called in-process (tests) leaves the caller's handler
     if os.environ.get("SPECLITE_DEBUG", "") not in ("", "0"):
@@ -221,12 +248,17 @@ def main():
     sys.exit(code)
 
 
+def _interrupted(e: BaseException | None) -> str:
+    """A Ctrl-C's one line: with what stands, where the command said (an Interrupted)."""
+    return f"{INTERRUPTED}: {e}" if isinstance(e, Interrupted) else INTERRUPTED
+
+
 def _one_line(e: Exception) -> tuple[int, str]:
     """(exit code, message) for a failure; only an unexpected one points at --debug."""
     if isinstance(e, SpecliteError):
         return 1, f"error: {e}"
-    if isinstance(e, click.exceptions.Abort):
-        return 130, INTERRUPTED
+    if isinstance(e, click.exceptions.Abort):  # click's for a KeyboardInterrupt, the cause
+        return 130, _interrupted(e.__cause__)
     if isinstance(e, click.ClickException):  # bad flags: click's message without the usage block
         hint = f" (see '{e.ctx.command_path} --help')" if getattr(e, "ctx", None) else ""
         return e.exit_code, f"error: {e.format_message()}{hint}"

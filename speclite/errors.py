@@ -8,3 +8,7 @@ class SpecliteError(Exception):
 class ContextLengthError(SpecliteError):
     """A prompt longer than the model's context (the server answers it with OpenAI's
     `context_length_exceeded` code)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C that ends a command, saying what stands and what to run again (the CLI's one line)."""

@@ -445,5 +445,6 @@ def test_ctrl_c_is_exit_130_even_when_torch_turns_it_into_another_error(monkeypa
     monkeypatch.setattr(speclite.batch, "parse_jobs", interrupted_inside_torch)
     code, err = run_main(monkeypatch, capsys, ["generate", "--model", ASSETS / "tiny-code", "-i", inp,
                                                "-o", root / "ctrl-c.jsonl"])
-    assert code == 130 and err.strip() == INTERRUPTED, err
+    resume = "finished results are saved; run the same command again to resume"
+    assert code == 130 and err.strip() == f"{INTERRUPTED}: {resume}", err
     assert signal.getsignal(signal.SIGINT) is before  # main() leaves its caller's handler

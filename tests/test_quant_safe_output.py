@@ -60,6 +60,30 @@ def test_ctrl_c_leaves_nothing(model, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_ctrl_c_says_what_stands(tmp_path, monkeypatch, capsys):
+    """Before the checkpoint is complete nothing was written; during the perplexity report after it, the
+    checkpoint stands (a re-run would find OUT taken): the one line says which."""
+    import speclite.quant.quantize as quantize
+    from speclite.cli import main
+
+    model = save_tiny_model(tmp_path / "src")  # with a tokenizer: the report runs
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    for phase, says in (("_emit", "interrupted: nothing was written; run the same command again"),
+                        ("streamed_perplexity", "is written; its perplexity report was skipped")):
+        with monkeypatch.context() as m:
+            m.setattr(quantize, phase, ctrl_c)
+            out = str(tmp_path / phase)
+            m.setattr(sys, "argv", ["speclite", "quantize", str(model), "--scheme", "w8a8", "-o", out])
+            with pytest.raises(SystemExit) as exit:
+                main()
+        err = capsys.readouterr().err  # the progress lines, then the one line of the Ctrl-C
+        assert exit.value.code == 130 and says in err.splitlines()[-1] and "Traceback" not in err, err
+    assert not (tmp_path / "_emit").exists() and load_model(tmp_path / "streamed_perplexity")
+
+
 def test_kill_9_leaves_no_model_and_a_rerun_starts_clean(model, tmp_path):
     out = tmp_path / "out"
     assert interrupt(model, out, signal.SIGKILL)[0] == -signal.SIGKILL

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
@@ -16,6 +18,7 @@ class ConsoleProgress(QuantProgress):
         self.console, self.verbose = console, verbose
         self.bar: Progress | None = None
         self.task = None
+        self.out_dir: Path | None = None  # set once the checkpoint is complete
 
     def start(self, tensors: int, nbytes: int) -> None:
         if not self.console.is_terminal:
@@ -38,6 +41,9 @@ class ConsoleProgress(QuantProgress):
     def note(self, message: str) -> None:
         # Printed above the live bar while there is one.
         self.console.print(message, markup=False, highlight=False)
+
+    def written(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
 
     def stop(self) -> None:
         if self.bar is not None:

@@ -63,6 +63,9 @@ class QuantProgress:
     def note(self, message: str) -> None:
         """A phase begins (calibration, GPTQModel, evaluation)."""
 
+    def written(self, out_dir: Path) -> None:
+        """The checkpoint is complete in out_dir (what follows is the evaluation)."""
+
 
 def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sym=False, act_order=False,
                     alpha=0.5, calib=None, calib_samples=128, seq_len=512, shard_bytes=SHARD_BYTES,
@@ -134,6 +137,7 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # Ctrl-C, an error: nothing half-written stays
         raise
+    progress.written(out_dir)
     quantize_seconds = time.perf_counter() - writing
     ppl_before = ppl_after = None
     skipped = _eval_skipped(evaluate, tokenizer)
