@@ -128,7 +128,12 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
         )
 
 
-def _load(model_dir: Path, device, dtype, quant: str | None, max_model_len: int | None = None) -> Transformer:
+def _load(model_dir: Path, device, dtype, quant: str | None, max_model_len: int | None = None,
+          flag: str = "--quant") -> Transformer:
+    """A model loaded, quantized at load time to `quant` (the `flag` that asked for it) if given."""
+    if quant and quant_label(None, model_dir):
+        raise SpecliteError(f"{flag} {quant}: {model_dir} is quantized already ({quant_label(None, model_dir)}); "
+                            f"leave {flag} out to run it as it is")
     model = load_model(model_dir, device=device, dtype=dtype, max_model_len=max_model_len)
     if quant:
         from speclite.quant import quantize_model
@@ -151,7 +156,7 @@ def load_draft(draft: str, target_tokenizer, target_name: str, device, dtype, qu
     """A draft model, checked to share the target's tokenizer, quantized at load if asked."""
     draft_dir = hub.resolve(draft, models_file)
     check_same_tokenizer(target_tokenizer, load_tokenizer(draft_dir), target_name, str(draft))
-    return _load(draft_dir, device, dtype, quant)
+    return _load(draft_dir, device, dtype, quant, flag="--draft-quant")
 
 
 class LLM:

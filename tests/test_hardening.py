@@ -277,6 +277,10 @@ BAD_DIRS = [
     ("rope-list", lambda m: edit_json(m / "config.json", cfg(rope_scaling=[1])), [], "'rope_scaling' must be an object"),
     ("architecture", lambda m: edit_json(m / "config.json", cfg(architectures=["GPT2LMHeadModel"])), [],
      "unsupported architecture 'GPT2LMHeadModel'"),
+    # Another architecture's config (GPT-2's n_embd, n_layer) is named as such, not as one lacking our sizes.
+    ("gpt2-config", lambda m: edit_json(m / "config.json", lambda d: {"architectures": ["GPT2LMHeadModel"],
+                                                                      "n_embd": 256, "n_layer": 6, "vocab_size": 4096}),
+     [], "unsupported architecture 'GPT2LMHeadModel'"),
     ("gen-config", lambda m: (m / "generation_config.json").write_text("eos: 2"), [], "generation_config.json is not valid JSON"),
     ("gen-eos", lambda m: edit_json(m / "generation_config.json", cfg(eos_token_id="2")), [], "'eos_token_id' must be"),
     ("index-list", index_with_list, [], "'weight_map' must be an object"),
@@ -294,6 +298,13 @@ BAD_DIRS = [
     ("context", None, ["--max-model-len", 10**6], "--max-model-len 1000000 exceeds the model's context of 2048"),
     ("max-model-len", None, ["--max-model-len", 1], "--max-model-len must be at least 2 tokens"),
 ]
+
+
+def int4_draft(root: Path) -> Path:
+    from speclite.quant import quantize_to_dir
+
+    quantize_to_dir(ASSETS / "tiny-code-draft", root / "int4-draft", "int4", group_size=32, evaluate=False)
+    return root / "int4-draft"
 
 
 def draft_too_small(root: Path) -> Path:
@@ -356,6 +367,8 @@ def flag_cases(root, inp):
         (base + ["--nope"], 2, "No such option"),
         (base + ["--sp-type", "vanilla", "--gen-num-per-cycle", "99"], 1, "between 0 and 64"),
         (base + ["--draft-quant", "int4"], 1, "--draft-quant is not used by --sp-type none"),
+        (base + ["--sp-type", "vanilla", "--draft", int4_draft(root), "--draft-quant", "int4"], 1,
+         f"--draft-quant int4: {root / 'int4-draft'} is quantized already (int4 gptq); leave --draft-quant out"),
         (base + ["--gen-num-per-cycle", "3"], 1, "--gen-num-per-cycle is not used by --sp-type none"),
         (base + ["--sp-type", "deterministic", "--gen-num-per-cycle", "0"], 1,
          "--gen-num-per-cycle 0 has --sp-type deterministic draft nothing: use --sp-type naive"),

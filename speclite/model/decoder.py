@@ -34,6 +34,16 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def architecture_family(cfg: dict) -> str:
+    """The decoder family of a config's `architectures`; one this decoder does not run is a one-line error."""
+    archs = cfg.get("architectures") or []
+    family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if family is None:
+        name = archs[0] if archs else cfg.get("model_type", "unknown")
+        raise SpecliteError(f"unsupported architecture '{name}': speclite runs {', '.join(sorted(ARCHITECTURES))}")
+    return family
 # A chain's mask before it is built: causal over the cache. The one-call step's kernels take it as no
 # mask at all; layers run one by one get it built (Transformer._run).
 CAUSAL = object()
@@ -61,13 +71,7 @@ class ModelArgs:
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelArgs":
-        archs = cfg.get("architectures") or []
-        family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
-        if family is None:
-            name = archs[0] if archs else cfg.get("model_type", "unknown")
-            raise SpecliteError(
-                f"unsupported architecture '{name}': speclite runs {', '.join(sorted(ARCHITECTURES))}"
-            )
+        family = architecture_family(cfg)
         heads = cfg["num_attention_heads"]
         # Old configs keep rope_theta/rope_scaling at the top level; transformers 5 nests them.
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
