@@ -390,6 +390,8 @@ def flag_cases(root, inp):
          "--alpha is not used here"),
         (["quantize", ASSETS / "tiny-code", "--scheme", "int4", "--no-eval", "--calib-samples", "8", "-o", root / "q"], 1,
          "--calib-samples is not used here: rtn reads no data and --no-eval skips the evaluation"),
+        (["quantize", ASSETS / "tiny-code", "--scheme", "int4", "--group-size", "24", "-o", root / "q"], 1,
+         "--group-size must be one of 16, 32, 64, 128, 256, 512, 1024 (the group sizes transformers' GPTQ loader takes)"),
         (["quantize", ASSETS / "tiny-code", "--scheme", "int4", "--method", "gptq", "--seq-len", "10", "-o", root / "q"],
          1, "--method gptq needs --seq-len above 10: GPTQModel drops shorter calibration windows"),
         (["generate", "--model", ASSETS / "tiny-code", "-i", inp, "-o", root], 1, "is not a regular file"),

@@ -33,6 +33,8 @@ from speclite.quant.writer import SHARD_BYTES, ShardWriter, check_free_space, ch
 
 # Held-out tokens scored for perplexity: enough for a stable number, cheap on a 2-core CPU.
 PPL_TOKENS = 2048
+# The int4 group sizes transformers' GPTQ loader reads (its torch kernel's list; vLLM's Marlin: 32-128).
+GPTQ_GROUP_SIZES = (16, 32, 64, 128, 256, 512, 1024)
 _LINEAR_WEIGHT = re.compile(r"model\.layers\.\d+\.(" + "|".join(re.escape(n) for n in LINEARS) + r")\.weight")
 
 
@@ -223,8 +225,9 @@ def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, cal
                    shard_bytes) -> None:
     if not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise SpecliteError(f"the shard size must be a positive number of bytes, got {shard_bytes}")
-    if scheme == INT4 and (not isinstance(group_size, int) or group_size <= 0 or group_size % 8):
-        raise SpecliteError(f"--group-size must be a positive multiple of 8, got {group_size}")
+    if scheme == INT4 and group_size not in GPTQ_GROUP_SIZES:  # what the checkpoint's other readers take
+        raise SpecliteError(f"--group-size must be one of {', '.join(map(str, GPTQ_GROUP_SIZES))} (the group sizes "
+                            f"transformers' GPTQ loader takes), got {group_size}")
     if act_order and method != "gptq":
         raise SpecliteError("--act-order needs --method gptq")
     if sym and method == "awq":
