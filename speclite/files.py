@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """`data` into a file beside `path`, synced, then renamed over it: a write that fails or is
-    interrupted leaves the previous file whole (OSError propagates; nothing half-written remains)."""
-    staged = path.with_name(path.name + ".tmp")
+    """`data` into a file of its own beside `path` (two writers never share one), synced, then renamed
+    over it: a write that fails or is interrupted leaves the previous file whole (OSError propagates;
+    nothing half-written remains)."""
+    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with open(staged, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(staged, path.stat().st_mode & 0o777 if path.exists() else 0o644)  # (mkstemp's is 0600)
         os.replace(staged, path)
     finally:
-        staged.unlink(missing_ok=True)  # gone already after the rename
+        if os.path.exists(staged):  # gone already after the rename
+            os.unlink(staged)

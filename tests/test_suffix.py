@@ -127,13 +127,63 @@ def test_tokens_per_iteration_rise_as_the_cache_fills(tmp_path):
     assert first.aux_info["iter_count"] == warm.aux_info["iter_count"] < 48 / 2
 
 
-def test_reset_keeps_learned_responses_and_forget_clears_them():
+def test_reset_keeps_learned_responses_and_forget_clears_them(tmp_path):
     llm, proposer = suffix_llm(k=4)
     run_workload(llm, WORKLOAD[:2])
     llm.engine.reset()
     assert len(proposer.responses.responses) == 2 and proposer.request is None
     proposer.forget()
     assert proposer.responses.tokens == 0
+    # With a cache file, forget() (bench's, between repeats) goes back to what the file held, which
+    # it never erases: the next save writes those responses and the new ones.
+    cache = tmp_path / "suffix.json"
+    _write(cache, GOOD)
+    llm, proposer = suffix_llm(k=4, suffix_cache=str(cache))
+    run_workload(llm, WORKLOAD[:2])
+    proposer.forget()
+    assert [r.tolist() for r in proposer.responses.responses] == GOOD["responses"] and cache.read_text()
+    out = run_workload(llm, WORKLOAD[2:3])
+    assert json.loads(cache.read_text())["responses"] == GOOD["responses"] + [out[0].token_ids]
+
+
+def test_a_cache_file_that_cannot_be_written_costs_no_answer(tmp_path, monkeypatch, caplog):
+    """A full disk under --suffix-cache: said once, the answers stand, the file keeps what it held."""
+    import speclite.files
+
+    cache = tmp_path / "suffix.json"
+    _write(cache, GOOD)
+    llm, proposer = suffix_llm(k=4, suffix_cache=str(cache))
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(speclite.files.os, "fsync", full)
+    outs = run_workload(llm, WORKLOAD[:3])
+    assert all(len(o.token_ids) == 48 for o in outs) and len(proposer.responses.responses) == 4
+    warnings = [r.getMessage() for r in caplog.records if "No space left on device" in r.getMessage()]
+    assert len(warnings) == 1 and json.loads(cache.read_text()) == GOOD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["suffix.json"]  # nothing staged left behind
+
+
+def test_writers_sharing_a_cache_file_never_take_each_others_staged_file(tmp_path):
+    """Two processes saving one --suffix-cache at once each write a file of their own and rename it:
+    every save lands whole (the last one wins), none fails on a staged file the other renamed."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from speclite.speculate.suffix_cache import ResponseCache, read_responses\n"
+        "cache = ResponseCache(8, -1)\n"
+        "cache.add([int(sys.argv[2])] * 5)\n"
+        "for _ in range(200):\n"
+        "    cache.save(Path(sys.argv[1]), 4096)\n"
+    )
+    path = tmp_path / "suffix.json"
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), str(i)], stderr=subprocess.PIPE, text=True)
+             for i in (1, 2)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert json.loads(path.read_text())["responses"] in ([[1] * 5], [[2] * 5])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["suffix.json"]
 
 
 def test_eviction_bounds_the_cache():

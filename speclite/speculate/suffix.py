@@ -12,6 +12,7 @@ records, chats quoting earlier answers.
 
 from __future__ import annotations
 
+import logging
 import os
 from array import array
 from pathlib import Path
@@ -19,13 +20,14 @@ from pathlib import Path
 from speclite.errors import SpecliteError
 from speclite.speculate.base import Proposal, Proposer, RequestContext
 from speclite.speculate.registry import Method, Option, register
-from speclite.speculate.suffix_cache import ResponseCache
+from speclite.speculate.suffix_cache import ResponseCache, read_responses
 from speclite.speculate.suffix_tree import SuffixTree, advance, continuation, has_continuation, matches
 
 # The most drafts per iteration without --gen-num-per-cycle (vLLM's default for suffix too): a draft
 # is only as long as its match and its likely tokens allow, so the cap costs nothing on short matches
 # and lets long repeats go through in few verifications.
 MAX_DRAFTS = 32
+log = logging.getLogger(__name__)
 
 
 class SuffixProposer(Proposer):
@@ -43,11 +45,13 @@ class SuffixProposer(Proposer):
     ):
         self.vocab_size, self.depth = vocab_size, max_tree_depth
         self.factor, self.offset, self.min_prob = max_spec_factor, max_spec_offset, min_token_prob
-        self.cache_file = cache_file
+        self.cache_file, self.save_failed = cache_file, False
         self.responses = ResponseCache(max_tree_depth, max_cached_requests)
-        if cache_file is not None:
-            if cache_file.exists():
-                self.responses.load(cache_file, vocab_size)
+        # What the cache file held at the start: forget() goes back to it (the file is the user's).
+        self.from_file = [array("i", r) for r in read_responses(cache_file, vocab_size)] if (
+            cache_file is not None and cache_file.exists()) else []
+        for response in self.from_file:
+            self.responses.add(response)
         self.request: SuffixTree | None = None
 
     def begin(self, prompt_ids: list[int], ctx: RequestContext) -> None:
@@ -99,19 +103,31 @@ class SuffixProposer(Proposer):
             return
         self.responses.add(self.response)
         self.request = None
-        if self.cache_file is not None:
+        self._save()
+
+    def _save(self) -> None:
+        """The responses into the cache file; a failed write (a full disk) is said once and decoding goes
+        on (the answer stands; the file keeps what it last held)."""
+        if self.cache_file is None:
+            return
+        try:
             self.responses.save(self.cache_file, self.vocab_size)
+        except SpecliteError as e:
+            if not self.save_failed:
+                log.warning(f"warning: {e}; answers go on, the file keeps what it held")
+            self.save_failed = True
 
     def reset(self) -> None:
         """Cold per-request state; what was learned from earlier responses stays."""
         self.finish()
 
     def forget(self) -> None:
-        """Clear the learned responses too (an explicit request, never part of reset)."""
+        """Forget the responses this process learned (an explicit request, never part of reset): back to
+        what the cache file held at the start, which stays as it is until the next request's save."""
         self.request = None
         self.responses.forget()
-        if self.cache_file is not None:
-            self.responses.save(self.cache_file, self.vocab_size)
+        for response in self.from_file:
+            self.responses.add(response)
 
 
 def _check(options: dict) -> None:

@@ -49,10 +49,6 @@ class ResponseCache:
         except OSError as e:
             raise SpecliteError(f"cannot write --suffix-cache {path}: {e.strerror or e}") from None
 
-    def load(self, path: Path, vocab_size: int) -> None:
-        for response in read_responses(path, vocab_size):
-            self.add(response)
-
 
 def read_responses(path: Path, vocab_size: int) -> list[list[int]]:
     """The responses a cache file holds, checked; any problem is one SpecliteError line."""
