@@ -202,6 +202,7 @@ def token_map(ctx, model, corpus, size, output_path):
 
     if output_path.suffix not in (".pt", ".json"):
         raise SpecliteError(f"--output {output_path}: name a .pt or .json file")
+    maps.check_writable(output_path)
     model_dir = resolve(model, ctx.obj["models_file"])
     tokenizer = load_tokenizer(model_dir)
     counts = maps.count(tokenizer, maps.corpus_texts(corpus))

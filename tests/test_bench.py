@@ -159,12 +159,16 @@ def test_plot_is_a_png(pair, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+NOT_UTF8 = "NOT_UTF8"  # stands for a prompts file that is not UTF-8, written by the test
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "x", "--synthetic", "qwen2.5-7b"], "exactly one of --model and --synthetic"),
     (["--synthetic-draft", "qwen2.5-0.5b", "--model", "x"], "--synthetic-draft needs --synthetic"),
     (["--k", "0"], "--k values are numbers"),
     (["--sp-type", "nosuchmethod"], "unknown --sp-type 'nosuchmethod'"),
     (["--prompts", "builtin:poetry"], "unknown workload 'poetry'"),
+    (["--prompts", NOT_UTF8], "is not UTF-8 text"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--top-p", "0"], "top_p must be in"),
@@ -179,8 +183,10 @@ def test_plot_is_a_png(pair, tmp_path):
     (["--sp-type", "suffix,deterministic", "--draft-quant", "int4"],
      "--draft-quant is not used by --sp-type suffix,deterministic: no method there has a draft"),
 ])
-def test_bad_input_is_one_clear_error(pair, args, message):
+def test_bad_input_is_one_clear_error(pair, args, message, tmp_path):
     target, _ = pair
+    (tmp_path / "bad.jsonl").write_bytes(b'\xff\xfe{"prompt": "a"}\n')
+    args = [str(tmp_path / "bad.jsonl") if a == NOT_UTF8 else a for a in args]
     full = (["--model", str(target)] if "--model" not in args and "--synthetic" not in args else []) + args
     with pytest.raises(SpecliteError, match=message.replace("(", r"\(")):
         bench(*FAST, *full)

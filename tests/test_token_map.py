@@ -291,7 +291,9 @@ def test_token_map_command_counts_as_an_independent_count(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": 1}\n')
     for args, message in ((["--corpus", str(corpus), "-o", str(tmp_path / "m.txt")], "name a .pt or .json file"),
                           (["--corpus", str(tmp_path / "empty.txt"), "-o", str(tmp_path / "n.pt")], "holds no text"),
-                          (["--corpus", str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "n.pt")], "bad.jsonl:1")):
+                          (["--corpus", str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "n.pt")], "bad.jsonl:1"),
+                          # Refused before the corpus is counted, not by torch.save after it.
+                          (["--corpus", str(corpus), "-o", str(tmp_path / "empty.txt" / "n.pt")], "cannot write --output")):
         result = runner.invoke(cli, ["token-map", "tiny-code", *args])
         assert result.exit_code != 0 and message in str(result.exception), (args, result.output)
 
@@ -378,6 +380,18 @@ def test_bench_runs_rows_with_and_without_a_map_side_by_side(tmp_path):
                          "pard k=4 map=freq_1024.pt"}
     assert all(r["same_as_plain"] == r["runs"] for r in rows.values())
     assert rows["pard k=4 map=freq_1024.pt"]["peak_memory_bytes"] != rows["pard k=4"]["peak_memory_bytes"]
+    # Two maps of one file name in different folders: two rows, each of its own runs.
+    for folder, size in (("a", 1024), ("b", 256)):
+        (tmp_path / folder).mkdir()
+        token_map.save(token_map.load(PACKAGE_DIR / "assets" / "tiny-code" / "freq_1024.pt", 4096)[:size].tolist(), tmp_path / folder / "f.pt")
+    maps = f"{tmp_path / 'a' / 'f.pt'},{tmp_path / 'b' / 'f.pt'}"
+    result = CliRunner().invoke(cli, ["bench", "-m", "tiny-code", "--sp-type", "pard", "--k", "2", "--token-map", maps,
+                                      "--prompts", "builtin:code", "--max-new-tokens", "8", "--threads", "1",
+                                      "--repeats", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = {r["label"]: r for r in json.loads(out.read_text())["configs"]}
+    assert set(rows) == {"plain", f"pard k=2 map={tmp_path / 'a' / 'f.pt'}", f"pard k=2 map={tmp_path / 'b' / 'f.pt'}"}
+    assert len({r["runs"] for r in rows.values()}) == 1
 
 
 @pytest.mark.parametrize("error, says", [("LocalEntryNotFoundError", " is not cached and the hub cannot be reached: "),

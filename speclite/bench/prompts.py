@@ -137,9 +137,11 @@ def select_builtin(spec: str) -> list[BenchPrompt]:
 def read_jsonl(path: Path) -> list[BenchPrompt]:
     """Prompts from a JSONL file: {"prompt"|"messages", optional "id", "workload", "extra_config"}."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise SpecliteError(f"cannot read --prompts file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecliteError(f"--prompts file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     prompts = []
     for n, line in enumerate(lines, 1):
         if not line.strip():

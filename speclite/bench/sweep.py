@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from speclite.api import SpecConfig
 from speclite.errors import SpecliteError
@@ -25,7 +24,7 @@ class BenchConfig:
     def label(self) -> str:
         parts = [self.method if self.method in ("plain", "naive") else f"{self.method} k={self.k}"]
         if self.token_map:
-            parts.append(f"map={Path(self.token_map).name}")
+            parts.append(f"map={self.token_map}")  # as given: two maps of one file name stay two rows
         if self.quant:
             parts.append(f"[{self.quant}]")
         if self.accept_policy != "normal" and self.method != "plain":

@@ -17,7 +17,9 @@ dflash, and hybrid's model part.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +29,7 @@ from torch import nn
 
 from speclite import hub
 from speclite.errors import SpecliteError
+from speclite.files import write_atomic
 from speclite.model.decoder import Linear
 from speclite.model.loader import read_tensors
 from speclite.quant.quantize import quantized_linear
@@ -172,10 +175,26 @@ def corpus_texts(paths: Iterable[Path]) -> Iterable[str]:
                 yield file.read_text(encoding="utf-8", errors="replace")
 
 
+def check_writable(path: Path) -> None:
+    """Before the corpus is counted (minutes on a large one): OUT's folder can take a new file."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecliteError(f"cannot write --output {path}: {e.strerror or e}") from None
+    if path.is_dir() or not os.access(folder, os.W_OK):
+        raise SpecliteError(f"cannot write --output {path}: " + ("a directory" if path.is_dir() else "no write access"))
+
+
 def save(ids: list[int], path: Path) -> None:
-    """FR-Spec's format: a torch-saved list of ids (.json: a JSON list)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """FR-Spec's format: a torch-saved list of ids (.json: a JSON list), written atomically."""
     if path.suffix == ".json":
-        path.write_text(json.dumps(ids))
+        data = json.dumps(ids).encode()
     else:
-        torch.save(ids, path)
+        buffer = io.BytesIO()
+        torch.save(ids, buffer)
+        data = buffer.getvalue()
+    try:
+        write_atomic(path, data)
+    except OSError as e:
+        raise SpecliteError(f"cannot write --output {path}: {e.strerror or e}") from None
