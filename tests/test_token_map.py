@@ -293,7 +293,8 @@ def test_token_map_command_counts_as_an_independent_count(tmp_path):
                           (["--corpus", str(tmp_path / "empty.txt"), "-o", str(tmp_path / "n.pt")], "holds no text"),
                           (["--corpus", str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "n.pt")], "bad.jsonl:1"),
                           # Refused before the corpus is counted, not by torch.save after it.
-                          (["--corpus", str(corpus), "-o", str(tmp_path / "empty.txt" / "n.pt")], "cannot write --output")):
+                          (["--corpus", str(corpus), "-o", str(tmp_path / "empty.txt" / "n.pt")],
+                           "cannot write --output")):
         result = runner.invoke(cli, ["token-map", "tiny-code", *args])
         assert result.exit_code != 0 and message in str(result.exception), (args, result.output)
 
@@ -383,7 +384,8 @@ def test_bench_runs_rows_with_and_without_a_map_side_by_side(tmp_path):
     # Two maps of one file name in different folders: two rows, each of its own runs.
     for folder, size in (("a", 1024), ("b", 256)):
         (tmp_path / folder).mkdir()
-        token_map.save(token_map.load(PACKAGE_DIR / "assets" / "tiny-code" / "freq_1024.pt", 4096)[:size].tolist(), tmp_path / folder / "f.pt")
+        shipped = token_map.load(PACKAGE_DIR / "assets" / "tiny-code" / "freq_1024.pt", 4096)
+        token_map.save(shipped[:size].tolist(), tmp_path / folder / "f.pt")
     maps = f"{tmp_path / 'a' / 'f.pt'},{tmp_path / 'b' / 'f.pt'}"
     result = CliRunner().invoke(cli, ["bench", "-m", "tiny-code", "--sp-type", "pard", "--k", "2", "--token-map", maps,
                                       "--prompts", "builtin:code", "--max-new-tokens", "8", "--threads", "1",
