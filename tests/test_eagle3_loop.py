@@ -229,3 +229,21 @@ def test_cli_generate_with_an_eagle3_head_equals_plain(tmp_path):
                         "--eagle-num-draft-tokens", "5")
     assert {i: r["token_ids"] for i, r in tree.items()} == {i: r["token_ids"] for i, r in plain.items()}
     assert all(r["aux_info"]["accepted_per_position"] for r in tree.values())  # drafts were verified
+
+
+def test_the_tree_knobs_set_k_and_bound_it():
+    """--eagle-num-draft-tokens N (a tree) and --eagle-steps S (a chain) are the drafts an iteration
+    makes: the default k (N - 1, S), auto's ceiling, and the largest k allowed (N = 9 had run as 5)."""
+    from speclite.api import LLM, SpecConfig
+    from speclite.errors import SpecliteError
+
+    def llm(k=None, **options):
+        return LLM("tiny-code", SpecConfig("eagle3", k=k, draft="tiny-code-eagle3", options=options))
+
+    assert llm(eagle_num_draft_tokens=9, eagle_topk=2).k_label == "8"
+    assert llm(eagle_steps=3).k_label == "3" and llm().k_label == "4"
+    assert llm("auto", eagle_num_draft_tokens=7, eagle_topk=2).engine.spec.length.k_max == 6
+    assert llm(3, eagle_num_draft_tokens=9, eagle_topk=2).k_label == "3"  # a smaller k caps
+    for k, options, most in ((6, {"eagle_num_draft_tokens": 5, "eagle_topk": 2}, 4), (5, {"eagle_steps": 3}, 3)):
+        with pytest.raises(SpecliteError, match=f"drafts at most {most} tokens an iteration"):
+            llm(k, **options)

@@ -30,6 +30,14 @@ def check_tree(options: dict) -> None:
                             "--gen-num-per-cycle tokens (at most --eagle-steps)")
 
 
+def budget(proposer) -> int | None:
+    """The most drafts an iteration of these knobs makes, the default k and its ceiling (None: k's own
+    default, unbounded): a tree's --eagle-num-draft-tokens - 1, a chain's --eagle-steps."""
+    if proposer.topk == 1:
+        return proposer.steps
+    return proposer.num_draft_tokens - 1 if proposer.num_draft_tokens else None
+
+
 def tree_args(options: dict) -> dict:
     """Eagle3Proposer's tree keywords from the options."""
     return {"topk": options["eagle_topk"], "steps": options["eagle_steps"],

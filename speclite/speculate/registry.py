@@ -103,12 +103,14 @@ class Method:
     check: Callable[[dict], None] | None = None  # cross-option validation; raise SpecliteError
     check_k: Callable[[dict, int], None] | None = None  # validation against a fixed --gen-num-per-cycle
     fixed_k: int | None = None  # proposes exactly this many drafts whatever --gen-num-per-cycle says
-    # The built proposer's own k, read from what it loaded (a DFlash drafter: its block size - 1): the
-    # drafts per iteration when --gen-num-per-cycle is not given, and auto's ceiling. None: DEFAULT_K.
-    default_k: Callable[[object], int] | None = None
-    # The most drafts an iteration the built proposer makes (a DFlash drafter: its block size - 1): a
-    # larger fixed --gen-num-per-cycle is an error, not a k that is shown but never run. None: no limit.
-    max_k: Callable[[object], int] | None = None
+    # The built proposer's own k, read from what it loaded or its options (a DFlash drafter: its block
+    # size - 1; an EAGLE tree: --eagle-num-draft-tokens - 1): the drafts per iteration when
+    # --gen-num-per-cycle is not given, and auto's ceiling. None (or a None result): DEFAULT_K.
+    default_k: Callable[[object], int | None] | None = None
+    # The most drafts an iteration the built proposer makes (a DFlash drafter: its block size - 1; a
+    # Medusa chain: its heads): a larger fixed --gen-num-per-cycle is an error, not a k that is shown but
+    # never run. None (or a None result): no limit.
+    max_k: Callable[[object], int | None] | None = None
     in_default_sweep: bool = True  # `speclite bench` without --sp-type runs it (when its draft is known)
     # (base method, key): vLLM names this method as its base method with this speculative_config
     # key set true (PARD: `{"method": "draft_model", "parallel_drafting": true}`).

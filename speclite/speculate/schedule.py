@@ -149,5 +149,5 @@ def spec_length(k: int | str | None, method: Method, proposer) -> SpecLength:
         return AdaptiveSpecLength(k_max=capped(own or AUTO_K_MAX))
     if k is not None and most is not None and k > most:
         raise SpecliteError(f"--gen-num-per-cycle {k}: --sp-type {method.name} drafts at most {most} tokens an "
-                            "iteration with this draft")
+                            "iteration with this draft and these options")
     return SpecLength(k if k is not None else capped(own or DEFAULT_K))

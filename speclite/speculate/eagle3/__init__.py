@@ -12,7 +12,7 @@ from speclite.speculate.eagle3.load import load_head
 from speclite.speculate.eagle3.proposer import Eagle3Proposer
 from speclite.speculate.eagle3.save import random_head
 from speclite.speculate import token_map
-from speclite.speculate.eagle_tree import TREE_OPTIONS, check_tree, tree_args
+from speclite.speculate.eagle_tree import TREE_OPTIONS, budget, check_tree, tree_args
 from speclite.speculate.registry import BuildContext, Method, register
 
 __all__ = ["Eagle3Head", "Eagle3Proposer", "load_draft", "load_head"]
@@ -39,5 +39,5 @@ register(Method(
     "eagle3", _build, "an EAGLE-3 head drafts a chain or a tree from the target's hidden states (--draft HEAD_DIR)",
     options=(*TREE_OPTIONS, token_map.TOKEN_MAP),
     needs_draft=True, draft_is_model=False, needs_target=True, check=check_tree, in_default_sweep=False,
-    random_draft=random_head,
+    random_draft=random_head, default_k=budget, max_k=budget,
 ))

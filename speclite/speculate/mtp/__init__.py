@@ -11,7 +11,7 @@ from pathlib import Path
 
 from speclite.errors import SpecliteError
 from speclite.speculate import token_map
-from speclite.speculate.eagle_tree import TREE_OPTIONS, check_tree, tree_args
+from speclite.speculate.eagle_tree import TREE_OPTIONS, budget, check_tree, tree_args
 from speclite.speculate.mtp.load import load_module
 from speclite.speculate.mtp.module import MTPModule
 from speclite.speculate.mtp.proposer import MTPProposer
@@ -48,5 +48,5 @@ register(Method(
     "the target's multi-token-prediction module drafts a chain or a tree (its checkpoint's, or --draft DIR)",
     options=(*TREE_OPTIONS, token_map.TOKEN_MAP), check=check_tree, draft_is_model=False, draft_optional=True,
     needs_target=True,
-    in_default_sweep=False, random_draft=random_module,
+    in_default_sweep=False, random_draft=random_module, default_k=budget, max_k=budget,
 ))
