@@ -1,6 +1,6 @@
 """One LLM runs one request at a time (one KV cache): requests from two threads take turns, a stream
-left open in part is ended by the next request of its thread, and a request's figures count the
-tokens it returns."""
+left open in part is ended by the next request of its thread (one dropped is ended as it is collected),
+and a request's figures count the tokens it returns."""
 
 import threading
 
@@ -50,6 +50,25 @@ def test_a_stream_left_open_is_ended_by_the_next_request(pair, references):
     assert result[0].token_ids == first[0].token_ids + first[1].token_ids
     assert list(stream) == []
     assert llm.generate(PROMPTS[1], GREEDY)[0].token_ids == references[1]
+
+
+def test_a_stream_dropped_by_a_thread_that_ended_holds_nothing(pair, references):
+    """A worker reads part of a stream, drops it and ends: the stream is collected and its end frees the
+    one cache, so another thread's request runs (it waited forever: the engine held the stream)."""
+    llm = LLM(pair[0])
+
+    def worker():
+        stream = llm.stream(PROMPTS[0], GREEDY)
+        next(iter(stream))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(llm.generate(PROMPTS[1], GREEDY)[0].token_ids), daemon=True)
+    waiting.start()
+    waiting.join(timeout=60)
+    assert got == [references[1]]
 
 
 def test_figures_count_the_tokens_returned_when_a_stop_string_ends_an_iteration(pair):

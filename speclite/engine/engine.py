@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -51,7 +52,9 @@ class Engine:
     _cache: object = field(default=None, repr=False)
     _cached_ids: list[int] = field(default_factory=list, repr=False)
     # One request at a time (one cache): a request holds the lock from its first step to its end, so
-    # another thread's request waits its turn. Per thread, its stream not ended yet.
+    # another thread's request waits its turn. Per thread, its stream not ended yet, by weak reference:
+    # a stream its consumer dropped is collected, and its end releases the lock (a thread that ended
+    # would never end it otherwise).
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _open: dict = field(default_factory=dict, repr=False)
 
@@ -87,20 +90,22 @@ class Engine:
         A new request ends a stream of this thread left open (read in part and kept): the two would
         share one cache. Another thread's request waits until this one ends.
         """
-        me = threading.get_ident()
-        if me in self._open:
-            self._open.pop(me).close()  # its finally: the cache's bookkeeping, its result, the lock
+        me, mark = threading.get_ident(), object()
+        left = self._open.pop(me, (None, lambda: None))[1]()
+        if left is not None:
+            left.close()  # its finally: the cache's bookkeeping, its result, the lock
         check_sampling(params)  # a SamplingParams changed since it was made
-        stream = self._stream(prompt_ids, params, extra, result, texts, me)
-        self._open[me] = stream
+        stream = self._stream(prompt_ids, params, extra, result, texts, me, mark)
+        self._open[me] = (mark, weakref.ref(stream))
         return stream
 
-    def _stream(self, prompt_ids, params, extra, result, texts, me) -> Iterator[Chunk]:
+    def _stream(self, prompt_ids, params, extra, result, texts, me, mark) -> Iterator[Chunk]:
         with self._lock:
             try:
                 yield from self._run(prompt_ids, params, extra, result, texts)
             finally:
-                self._open.pop(me, None)
+                if self._open.get(me, (None,))[0] is mark:  # this thread's entry is still this stream's
+                    del self._open[me]
 
     def _run(self, prompt_ids, params, extra, result, texts) -> Iterator[Chunk]:
         if not prompt_ids:
