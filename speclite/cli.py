@@ -75,7 +75,7 @@ def models(ctx):
 @click.pass_context
 def pull(ctx, model):
     """Download MODEL (alias or org/name) from the Hugging Face hub."""
-    from speclite.hub import download, load_registry
+    from speclite.hub import download, is_repo_id, load_registry
 
     registry = load_registry(ctx.obj["models_file"])
     alias = registry.aliases.get(model)
@@ -83,7 +83,7 @@ def pull(ctx, model):
         click.echo(f"{model} is bundled with speclite: {alias.path}")
         return
     repo = alias.repo if alias is not None else model
-    if alias is None and model.count("/") != 1:
+    if alias is None and not is_repo_id(model):
         raise SpecliteError(f"unknown model '{model}': not an alias ({', '.join(registry.aliases)}) or an org/name repo id")
     click.echo(f"downloading {model} ({repo})")
     click.echo(str(download(repo, label=model)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,16 @@ def fetch_file(repo: str, filename: str) -> Path:
     return path
 
 
+def is_repo_id(text: str) -> bool:
+    """org/name as the hub takes it: letters, digits, '_', '-' and '.', neither part starting or ending
+    with '-' or '.' nor holding '--' or '..', 96 characters at most each (its own rule; "mymodel/" and
+    "./mymodel" are not)."""
+    parts = text.split("/")
+    return len(parts) == 2 and all(
+        re.fullmatch(r"[\w.-]{1,96}", p, re.ASCII) and p[0] not in ".-" and p[-1] not in ".-" and ".." not in p
+        and "--" not in p for p in parts)
+
+
 def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = None, fetch: bool = True) -> Path:
     """A local model directory for MODEL; downloads a hub model that is not cached when fetch is set."""
     text = str(model)
@@ -175,7 +186,7 @@ def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = No
             raise SpecliteError(f"model '{text}': its directory {alias.path} is missing")
         return alias.path
     repo = alias.repo if alias is not None else text
-    if alias is None and text.count("/") != 1:
+    if alias is None and not is_repo_id(text):
         known = ", ".join(sorted(registry.aliases))
         raise SpecliteError(f"unknown model '{text}': not a directory, an alias ({known}) or an org/name repo id")
     cached = _cached_snapshot(repo)

@@ -124,6 +124,9 @@ def test_truncated_last_line_is_rerun(tmp_path, target):
 
 @pytest.mark.parametrize("args, message", [
     (["generate", "--model", "no-such-alias", "-i", "{inp}", "-o", "{out}"], "unknown model 'no-such-alias'"),
+    # A mistyped directory is no repo id either (the hub's own validation error was an internal error).
+    (["generate", "--model", "mymodel/", "-i", "{inp}", "-o", "{out}"], "unknown model 'mymodel/'"),
+    (["pull", "./mymodel"], "unknown model './mymodel'"),
     (["generate", "--model", "{target}", "-i", "{tmp}/missing.jsonl", "-o", "{out}"], "input file not found"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "/proc/forbidden/out.jsonl"], "cannot write the output"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--sp-type", "vanilla"], "needs --draft"),
