@@ -157,6 +157,31 @@ def test_plot_is_a_png(pair, tmp_path):
     bench("--model", target, "--sp-type", "deterministic", "--k", "1,2", "--max-new-tokens", 4,
           "--prompts", "builtin:summarise", *FAST, "--plot", png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A kind matplotlib does not write, or the --json file: refused before anything runs.
+    for args, message in ((["--plot", tmp_path / "b.xyz"], "name a .png file"),
+                          (["--plot", tmp_path / "b"], "name a .png file"),
+                          (["--plot", tmp_path / "same.png", "--json", tmp_path / "same.png"], "is the --json file too")):
+        with pytest.raises(SpecliteError, match=message):
+            bench("--model", "/no/such/model", *args)
+
+
+def test_each_quants_roofline_line_names_it(pair):
+    text = bench("--model", pair[0], "--sp-type", "naive", "--quant", "none,int4", "--max-new-tokens", 4,
+                 "--prompts", "builtin:code", *FAST)
+    assert "roofline: " in text and "roofline [int4]: " in text  # "[int4]" printed, not taken as markup
+
+
+def test_plot_draws_a_line_per_method_map_quant_and_policy():
+    from speclite.bench.plot import speedup_series
+
+    rows = [{"method": "plain", "label": "plain", "k": 0, "speedup": 1.0}]
+    for label_tail in ("", " map=a/f.pt", " map=b/f.pt", " [int4]", " (accept_all)"):
+        rows += [{"method": "vanilla", "label": f"vanilla k={k}{label_tail}", "k": k, "speedup": 1.5}
+                 for k in (2, 4, "auto")]
+    series = speedup_series(rows, auto_x=5)
+    assert set(series) == {"vanilla", "vanilla map=a/f.pt", "vanilla map=b/f.pt", "vanilla [int4]",
+                           "vanilla (accept_all)"}
+    assert all(sorted(x for x, _ in points) == [2, 4, 5] for points in series.values())
 
 
 NOT_UTF8 = "NOT_UTF8"  # stands for a prompts file that is not UTF-8, written by the test
@@ -177,6 +202,7 @@ NOT_UTF8 = "NOT_UTF8"  # stands for a prompts file that is not UTF-8, written by
     (["--json", "/nonexistent/dir/b.json"], "cannot write --json"),
     (["--json", "/proc/b.json"], "cannot write --json"),  # root may write anywhere else: tried, not judged
     (["--plot", "/tmp"], "cannot write --plot"),
+    (["--eagle-topk", "3"], "--eagle-topk is not used by --sp-type (the default sweep: "),
     (["--sp-type", "vanilla"], "needs a draft"),
     (["--sp-type", "deterministic", "--token-map", "map.pt"], "--token-map is not used by --sp-type deterministic"),
     (["--sp-type", "vanilla,suffix", "--eagle-topk", "2"], "--eagle-topk is not used by --sp-type vanilla,suffix"),

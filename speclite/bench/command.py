@@ -28,14 +28,15 @@ def _check_writable(path: Path | None, flag: str) -> None:
 
 
 def _check_method_flags(ctx, sp_types: str | None) -> None:
-    """With --sp-type, a method flag none of its methods takes is named (without it the sweep runs every
-    method)."""
+    """A method flag none of the swept methods takes is named: --sp-type's, or the default sweep's."""
     try:
         methods = [get_method(name.strip()) for name in (sp_types or "").split(",") if name.strip()]
     except (SpecliteError, KeyError):
         return  # an unknown name: the sweep names it
-    if methods:
-        refuse_unused_method_flags(ctx, methods, sp_types)
+    if not methods:
+        methods = [m for m in METHODS.values() if m.in_default_sweep]
+        sp_types = f"(the default sweep: {', '.join(m.name for m in methods)}; name the method)"
+    refuse_unused_method_flags(ctx, methods, sp_types)
 
 
 @click.command()
@@ -97,9 +98,10 @@ def bench(ctx, json_path, plot_path, **flags):
     _check_writable(json_path, "--json")
     _check_writable(plot_path, "--plot")
     if plot_path is not None:
-        from speclite.bench.plot import require_matplotlib
+        from speclite.bench.plot import check_plot_path, require_matplotlib
 
         require_matplotlib()
+        check_plot_path(plot_path, json_path)
     err = console(stderr=True)
     progress = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                         TimeElapsedColumn(), console=err, transient=True)
@@ -122,7 +124,7 @@ def bench(ctx, json_path, plot_path, **flags):
     out.print(results_table(result["configs"], title, meta["memory_kind"]))
     out.print(workload_table(result["configs"]))
     for line in roofline_lines(result["rooflines"]):
-        out.print(line)
+        out.print(line, markup=False)  # "[int4]" is a label, not markup
     out.print(f"process peak RSS {meta['process_peak_rss_bytes'] / 2**20:.0f} MiB; "
               "speedups are ratios within this run: absolute tokens/s vary with machine load")
     if json_path is not None:
@@ -130,9 +132,9 @@ def bench(ctx, json_path, plot_path, **flags):
             json_path.write_text(json.dumps(result, indent=1))
         except OSError as e:
             raise SpecliteError(f"cannot write --json {json_path}: {e.strerror or e}") from None
-        out.print(f"wrote {json_path}")
+        out.print(f"wrote {json_path}", markup=False)
     if plot_path is not None:
         from speclite.bench.plot import save_plot
 
         save_plot(result["configs"], plot_path, title)
-        out.print(f"wrote {plot_path}")
+        out.print(f"wrote {plot_path}", markup=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from speclite.errors import SpecliteError
@@ -15,6 +16,28 @@ def require_matplotlib() -> None:
         raise SpecliteError("--plot needs matplotlib: pip install 'speclite[plot]'") from None
 
 
+def check_plot_path(path: Path, json_path: Path | None) -> None:
+    """Before the run: a file kind matplotlib writes (by its suffix), not the --json file too."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in kinds:
+        raise SpecliteError(f"--plot {path}: name a .png file (or one of {', '.join(sorted(kinds))})")
+    if json_path is not None and json_path.resolve() == path.resolve():
+        raise SpecliteError(f"--plot {path} is the --json file too: name two files")
+
+
+def speedup_series(rows: list[dict], auto_x: float) -> dict[str, list[tuple[float, float]]]:
+    """(k, speedup) points per line of the plot: one per method, token map, quant and policy (a row's label
+    without its k); k = auto drawn at auto_x."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["method"] not in ("plain", "naive"):
+            name = re.sub(r" k=\S+", "", r["label"])
+            series.setdefault(name, []).append((auto_x if r["k"] == "auto" else r["k"], r["speedup"]))
+    return series
+
+
 def save_plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -25,13 +48,7 @@ def save_plot(rows: list[dict], path: Path, title: str) -> None:
     fig, (ax_k, ax_pos) = plt.subplots(1, 2, figsize=(12, 4.5))
     numeric_ks = sorted({r["k"] for r in rows if isinstance(r["k"], int) and r["method"] not in ("plain", "naive")})
     auto_x = (max(numeric_ks) + 1) if numeric_ks else 1
-    series: dict[str, list[tuple[float, float]]] = {}
-    for r in rows:
-        if r["method"] in ("plain", "naive"):
-            continue
-        name = r["method"] + (f" [{r['quant']}]" if r["quant"] else "")
-        series.setdefault(name, []).append((auto_x if r["k"] == "auto" else r["k"], r["speedup"]))
-    for name, points in series.items():
+    for name, points in speedup_series(rows, auto_x).items():
         xs, ys = zip(*sorted(points))
         ax_k.plot(xs, ys, marker="o", label=name)
     ax_k.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="plain")
