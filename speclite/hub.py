@@ -77,10 +77,17 @@ def load_registry(models_file: str | os.PathLike | None = None) -> Registry:
     defaults: dict = {}
     for file in files:
         data = _read_toml(file)
+        for table in ("defaults", "models"):
+            if not isinstance(data.get(table, {}), dict):
+                raise SpecliteError(f"models file {file}: '{table}' must be a table ([{table}]), "
+                                    f"not {type(data[table]).__name__}")
         defaults.update(data.get("defaults", {}))
         for name, entry in data.get("models", {}).items():
             if not isinstance(entry, dict) or not (entry.get("repo") or entry.get("path")):
                 raise SpecliteError(f"models file {file}: alias '{name}' needs a 'repo' or a 'path'")
+            for key in ("repo", "path", "draft"):
+                if entry.get(key) is not None and not isinstance(entry[key], str):
+                    raise SpecliteError(f"models file {file}: alias '{name}': '{key}' must be a string")
             path = entry.get("path")
             aliases[name] = Alias(
                 name=name,
@@ -89,6 +96,9 @@ def load_registry(models_file: str | os.PathLike | None = None) -> Registry:
                 draft=entry.get("draft"),
                 drafts=_method_drafts(file, name, entry.get("drafts", {})),
             )
+    for key in ("target", "draft"):
+        if defaults.get(key) is not None and not isinstance(defaults[key], str):
+            raise SpecliteError(f"models file: defaults.{key} must be a string (an alias, repo id or directory)")
     return Registry(aliases, defaults.get("target"), defaults.get("draft"))
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -120,6 +122,23 @@ BAD_DRAFTS = [
     ("not a string", "drafts = { eagle3 = 3 }", "drafts.eagle3 must name a draft (an alias or a directory), got 3"),
     ("empty", 'drafts = { pard = "" }', "drafts.pard must name a draft"),
 ]
+
+
+BAD_FILES = [  # the whole file's shape (AttributeError / ValueError inside the reading before)
+    ("models not a table", "models = 3", "'models' must be a table ([models]), not int"),
+    ("models a list", 'models = ["a"]', "'models' must be a table ([models]), not list"),
+    ("defaults not a table", 'defaults = "x"', "'defaults' must be a table ([defaults]), not str"),
+    ("repo not a string", "[models.tc]\nrepo = 3", "alias 'tc': 'repo' must be a string"),
+    ("default target not a string", "[defaults]\ntarget = 3", "defaults.target must be a string"),
+]
+
+
+@pytest.mark.parametrize("name, text, message", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_a_models_file_of_the_wrong_shape_is_one_line(tmp_path, name, text, message):
+    models = tmp_path / "models.toml"
+    models.write_text(text + "\n")
+    with pytest.raises(SpecliteError, match=re.escape(message)):
+        hub.load_registry(models)
 
 
 @pytest.mark.parametrize("name, line, message", BAD_DRAFTS, ids=[c[0] for c in BAD_DRAFTS])

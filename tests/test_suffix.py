@@ -146,6 +146,15 @@ def test_reset_keeps_learned_responses_and_forget_clears_them(tmp_path):
     assert json.loads(cache.read_text())["responses"] == GOOD["responses"] + [out[0].token_ids]
 
 
+def test_the_global_tree_off_leaves_the_cache_file_as_it_is(tmp_path):
+    """--suffix-max-cached-requests 0 turns the earlier responses off: their file is not written over."""
+    cache = tmp_path / "suffix.json"
+    _write(cache, GOOD)
+    llm, _ = suffix_llm(k=4, suffix_cache=str(cache), suffix_max_cached_requests=0)
+    run_workload(llm, WORKLOAD[:2])
+    assert json.loads(cache.read_text()) == GOOD
+
+
 def test_a_cache_file_that_cannot_be_written_costs_no_answer(tmp_path, monkeypatch, caplog):
     """A full disk under --suffix-cache: said once, the answers stand, the file keeps what it held."""
     import speclite.files

@@ -108,7 +108,7 @@ class SuffixProposer(Proposer):
     def _save(self) -> None:
         """The responses into the cache file; a failed write (a full disk) is said once and decoding goes
         on (the answer stands; the file keeps what it last held)."""
-        if self.cache_file is None:
+        if self.cache_file is None or self.responses.max_requests == 0:  # the global tree off: the file as it is
             return
         try:
             self.responses.save(self.cache_file, self.vocab_size)
