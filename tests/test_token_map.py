@@ -74,7 +74,7 @@ def test_greedy_output_is_plain_decodings_and_no_draft_leaves_the_map(method, pl
     frequent = str(PACKAGE_DIR / "assets" / "tiny-code" / "freq_1024.pt")
     produced = {t for ids in plain.values() for t in ids}
     elsewhere = save_map(tmp_path / "elsewhere.pt", sorted(set(range(4096)) - produced))
-    for k, path in ((3, frequent), (5, elsewhere)):
+    for k, path in ((3, frequent), (4, elsewhere)):  # (the shipped Medusa heads draft 4 at most)
         llm = spec_llm(method, k, path)
         accepted = 0
         for prompt, expected in plain.items():
