@@ -185,6 +185,7 @@ def test_plot_draws_a_line_per_method_map_quant_and_policy():
 
 
 NOT_UTF8 = "NOT_UTF8"  # stands for a prompts file that is not UTF-8, written by the test
+WITH_SAMPLING = "WITH_SAMPLING"  # and for one whose line sets its own sampling
 
 
 @pytest.mark.parametrize("args, message", [
@@ -194,6 +195,7 @@ NOT_UTF8 = "NOT_UTF8"  # stands for a prompts file that is not UTF-8, written by
     (["--sp-type", "nosuchmethod"], "unknown --sp-type 'nosuchmethod'"),
     (["--prompts", "builtin:poetry"], "unknown workload 'poetry'"),
     (["--prompts", NOT_UTF8], "is not UTF-8 text"),
+    (["--prompts", WITH_SAMPLING], "'max_new_tokens' would be ignored: bench samples every prompt as its flags say"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--top-p", "0"], "top_p must be in"),
@@ -212,7 +214,9 @@ NOT_UTF8 = "NOT_UTF8"  # stands for a prompts file that is not UTF-8, written by
 def test_bad_input_is_one_clear_error(pair, args, message, tmp_path):
     target, _ = pair
     (tmp_path / "bad.jsonl").write_bytes(b'\xff\xfe{"prompt": "a"}\n')
-    args = [str(tmp_path / "bad.jsonl") if a == NOT_UTF8 else a for a in args]
+    (tmp_path / "sampling.jsonl").write_text('{"prompt": "a", "max_new_tokens": 3}\n')
+    files = {NOT_UTF8: str(tmp_path / "bad.jsonl"), WITH_SAMPLING: str(tmp_path / "sampling.jsonl")}
+    args = [files.get(a, a) if isinstance(a, str) else a for a in args]
     full = (["--model", str(target)] if "--model" not in args and "--synthetic" not in args else []) + args
     with pytest.raises(SpecliteError, match=message.replace("(", r"\(")):
         bench(*FAST, *full)

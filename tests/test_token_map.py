@@ -232,7 +232,8 @@ def _bad_maps(tmp_path):
     torch.save([3, 4096], tmp_path / "outside.pt")
     return [("missing.pt", "does not exist"), ("bad.json", "not a readable"), ("dict.json", "list of integer"),
             ("empty.json", "list of integer"), ("floats.json", "list of integer"), ("floats.pt", "list of integer"),
-            ("junk.pt", "not a readable"), ("outside.pt", "outside the target's vocabulary of 4096")]
+            ("junk.pt", "not a readable .pt or .json list of token ids (not a torch.save of a list)"),
+            ("outside.pt", "outside the target's vocabulary of 4096")]
 
 
 def test_bad_maps_are_one_line_errors(tmp_path):

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speclite.request import parse_request
+from speclite.request import SAMPLING_FIELDS, parse_request
 from speclite.errors import SpecliteError
 
 
@@ -151,6 +151,10 @@ def read_jsonl(path: Path) -> list[BenchPrompt]:
         except json.JSONDecodeError as e:
             raise SpecliteError(f"{path}:{n}: not valid JSON ({e.msg})") from None
         request = parse_request(rec, where=f"{path}:{n}")  # the same request schema as `speclite generate`
+        given = [key for key in SAMPLING_FIELDS if rec.get(key) is not None]
+        if given:  # every configuration runs every prompt alike, with the flags' sampling
+            raise SpecliteError(f"{path}:{n}: '{given[0]}' would be ignored: bench samples every prompt as its flags "
+                                "say (--max-new-tokens, --temperature, ...)")
         prompts.append(BenchPrompt(str(rec.get("id", f"line{n}")), str(rec.get("workload", "file")), request.prompt,
                                    request.extra_config))
     if not prompts:

@@ -51,8 +51,9 @@ def load(path: str | Path, vocab: int) -> torch.Tensor:
         else:
             ids = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same one-line error
-        raise SpecliteError(f"token map {path} is not a readable .pt or .json list of token ids: "
-                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        # (torch's own text for a file that is no torch.save output suggests weights_only=False: not here)
+        why = "not a torch.save of a list" if path.suffix != ".json" else f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        raise SpecliteError(f"token map {path} is not a readable .pt or .json list of token ids ({why})") from None
     if isinstance(ids, torch.Tensor):
         ids = ids.flatten().tolist() if not ids.is_floating_point() else None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
