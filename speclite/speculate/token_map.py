@@ -52,7 +52,8 @@ def load(path: str | Path, vocab: int) -> torch.Tensor:
             ids = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same one-line error
         # (torch's own text for a file that is no torch.save output suggests weights_only=False: not here)
-        why = "not a torch.save of a list" if path.suffix != ".json" else f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        first = str(e).splitlines()[0] if str(e) else ""
+        why = f"{type(e).__name__}: {first}" if path.suffix == ".json" else "not a torch.save of a list"
         raise SpecliteError(f"token map {path} is not a readable .pt or .json list of token ids ({why})") from None
     if isinstance(ids, torch.Tensor):
         ids = ids.flatten().tolist() if not ids.is_floating_point() else None
