@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from speclite.errors import ContextLengthError, SpecliteError
@@ -34,29 +34,37 @@ class EngineWorker:
     """Runs queued jobs on one thread, in arrival order; at most `max_queue` wait behind the running one."""
 
     def __init__(self, llm, max_queue: int, metrics: Metrics):
-        self.llm, self.metrics = llm, metrics
-        self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
+        self.llm, self.metrics, self.max_queue = llm, metrics, max_queue
+        # The waiting jobs; one whose client left still sits here until the engine thread reaches it,
+        # but holds no place in the queue (`waiting` counts the others).
+        self.jobs: deque[Job] = deque()
+        self.arrived = threading.Condition()
         self.running = 0
         self.thread = threading.Thread(target=self._run, name="speclite-engine", daemon=True)
         self.thread.start()
 
     @property
     def waiting(self) -> int:
-        return self.jobs.qsize()
+        with self.arrived:
+            return sum(not job.cancelled.is_set() for job in self.jobs)
 
     def submit(self, request: ApiRequest) -> Job:
         job = Job(request, asyncio.get_running_loop())
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            self.metrics.count("rejected")
-            raise ApiError(f"the server is busy: {self.jobs.maxsize} requests are already waiting; retry shortly",
-                           status=429, kind="rate_limit_error", headers={"Retry-After": "1"}) from None
+        with self.arrived:
+            if sum(not queued.cancelled.is_set() for queued in self.jobs) >= self.max_queue:
+                self.metrics.count("rejected")
+                raise ApiError(f"the server is busy: {self.max_queue} requests are already waiting; retry shortly",
+                               status=429, kind="rate_limit_error", headers={"Retry-After": "1"})
+            self.jobs.append(job)
+            self.arrived.notify()
         return job
 
     def _run(self) -> None:
         while True:
-            job = self.jobs.get()
+            with self.arrived:
+                while not self.jobs:
+                    self.arrived.wait()
+                job = self.jobs.popleft()
             if job.cancelled.is_set():  # its client left while it waited: end its handler, run nothing
                 self.metrics.count("cancelled")
                 job.emit("error", ApiError("the client went away", 499))
