@@ -84,3 +84,21 @@ def test_sampling_params_changed_after_construction_are_checked_again(pair):
     params.temperature = -1
     with pytest.raises(SpecliteError, match="temperature must be >= 0"):
         LLM(pair[0]).generate(PROMPTS[0], params)
+
+
+@pytest.mark.parametrize("method", [None, "vanilla"])
+def test_a_streamed_answer_with_a_stop_string_is_the_whole_answer(pair, method):
+    """A stop string that begins in one chunk and ends in a later one: the text streamed before it was
+    found is the answer's (held back while it could still become the stop), never more; streamed text
+    joined equals the answer's text, for stops across the whole output."""
+    llm = LLM(pair[0], {"method": method, "model": str(pair[1])} if method else None)
+    full = llm.generate(PROMPTS[0], GREEDY)[0].text
+    for start in range(1, len(full) - 4, 3):
+        stop = full[start : start + 4]
+        params = SamplingParams(max_new_tokens=32, stop=[stop, "\x00never"])
+        answer = llm.generate(PROMPTS[0], params)[0].text
+        streamed = "".join(chunk.text for chunk in llm.stream(PROMPTS[0], params))
+        assert streamed == answer == full[: full.index(stop)], (stop, streamed, answer)
+    # The output ends in the start of a stop string that never comes: held back, then sent at the end.
+    params = SamplingParams(max_new_tokens=32, stop=[full[-3:] + "\x01"])
+    assert "".join(chunk.text for chunk in llm.stream(PROMPTS[0], params)) == full

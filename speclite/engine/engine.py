@@ -148,10 +148,16 @@ class Engine:
                     if stop_at is not None:
                         run.finish_reason = "stop"
                         text = text[:stop_at]
-                    yield Chunk(new, text[emitted:], run.stats)
-                    emitted = len(text)
+                    # A tail that begins a stop string may yet become one: held back until it cannot.
+                    sent = len(text) - (0 if stop_at is not None else _stop_prefix(text, params.stop))
+                    sent = max(sent, emitted)
+                    yield Chunk(new, text[emitted:sent], run.stats)
+                    emitted = sent
                     if stop_at is not None:
                         break
+                else:
+                    if params.stop and len(detok.text) > emitted:  # the end: what was held back goes out
+                        yield Chunk([], detok.final()[emitted:], run.stats)
         finally:
             run.close()
             run.stats.finish()
@@ -167,6 +173,12 @@ class Engine:
         for _ in self.stream(prompt_ids, params, extra, result, texts=False):
             pass
         return result[0]
+
+
+def _stop_prefix(text: str, stops: list[str]) -> int:
+    """The length of the longest tail of text that is the start of a stop string (not a whole one)."""
+    return max((n for stop in stops for n in range(min(len(stop) - 1, len(text)), 0, -1)
+                if text.endswith(stop[:n])), default=0)
 
 
 def _find_stop(text: str, stops: list[str], emitted: int) -> int | None:
