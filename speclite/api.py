@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from speclite.engine.engine import Chunk, Engine, RequestOutput
 from speclite.engine.loop import Speculation
 from speclite.engine.memory import model_bytes
 from speclite.sampling import SamplingParams
-from speclite.errors import SpecliteError
+from speclite.errors import ContextLengthError, SpecliteError
 from speclite.model import Transformer, load_model
 from speclite.model.loader import read_config, resolve_device, resolve_dtype
 from speclite.model.prepare import prepare
@@ -235,11 +236,21 @@ class LLM:
     # -- prompts -----------------------------------------------------------------------------
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
-        """Token ids of a raw prompt, or of chat messages rendered with the model's chat template."""
-        if isinstance(check_prompt(prompt), str):
+        """Token ids of a raw prompt, or of chat messages rendered with the model's chat template. A text
+        too long for the context whatever its tokens is refused before it is tokenized (megabytes of it
+        would hold the engine for seconds)."""
+        text = prompt if isinstance(check_prompt(prompt), str) else render_chat(self.tokenizer, prompt, self.model_name)
+        if len(text) > self.max_len * self._longest_token:
+            raise ContextLengthError(f"prompt of {len(text)} characters (at least {len(text) // self._longest_token} "
+                                     f"tokens) does not fit the maximum context length of {self.max_len} tokens")
+        if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        text = render_chat(self.tokenizer, prompt, self.model_name)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @functools.cached_property
+    def _longest_token(self) -> int:
+        """The most characters one token can stand for (its vocabulary string, at least as long)."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
 
     def extra_config(self, extra_config: dict | None) -> dict:
         """extra_config with sp_advice_prompt tokenized (advice may also come as sp_advice_ids)."""

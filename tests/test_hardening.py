@@ -194,6 +194,8 @@ BAD_API_CALLS = [
     (lambda LLM, S: LLM(TINY, max_model_len="64"), "--max-model-len must be an integer"),
     (lambda LLM, S: LLM(TINY).generate("x", {"max_new_tokens": 4}), "params must be a SamplingParams"),
     (lambda LLM, S: LLM(TINY).generate(5), "prompts must be a string"),
+    # Megabytes of text are refused before the tokenizer reads them (seconds of the engine's time).
+    (lambda LLM, S: LLM(TINY).generate("x" * 10**7), "prompt of 10000000 characters (at least "),
     (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_speculation("no"), "takes True or False"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_k(2.5), "must be an integer or 'auto'"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_k("\u00b2"), "must be a number or 'auto', got '\u00b2'"),

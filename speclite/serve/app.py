@@ -95,9 +95,10 @@ def create_app(llm, served_name: str, api_key: str | None = None, max_queue: int
     async def complete(request: Request, chat: bool):
         try:
             body = json.loads(await request.body(), parse_constant=_no_constant)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             metrics.count("invalid")
-            raise ApiError(f"the request body is not valid JSON: {e}") from None
+            why = "nested too deeply" if isinstance(e, RecursionError) else e
+            raise ApiError(f"the request body is not valid JSON: {why}") from None
         try:
             req = to_request(body, chat, defaults)
             if body.get("model") is not None:
