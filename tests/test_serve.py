@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -378,3 +379,44 @@ async def _until(condition, timeout: float = 30):
     while not condition():
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
+
+
+def test_ctrl_c_ends_the_requests_in_flight_and_stops_at_once(tmp_path):
+    """Ctrl-C with a request running and others waiting: every one ends now (the engine after its current
+    iteration), the server stops within a few seconds (it generated every queued answer in full first),
+    exit 130 with the one line, no traceback."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "speclite.launch", "serve", *FLAGS, "--port", str(port),
+                             "--max-queue", "16", "--temperature", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.2)
+    long = {"prompt": "def main():\n", "max_tokens": 2000}  # ~0.5 s each
+
+    def post():
+        try:
+            httpx.post(f"{url}/v1/completions", json=long, timeout=120)
+        except httpx.TransportError:
+            pass
+
+    clients = [threading.Thread(target=post) for _ in range(17)]
+    for c in clients:
+        c.start()
+    asyncio.run(_until(lambda: httpx.get(f"{url}/health").json()["waiting"] >= 12))
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    for c in clients:
+        c.join(60)
+    assert time.monotonic() - started < 4 and proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "interrupted: the server stopped; requests still running were ended")

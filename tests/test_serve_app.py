@@ -57,14 +57,14 @@ def test_speculative_edit_through_extra_body(http):
 
 
 def serve_app(monkeypatch, *flags):
-    """The app `speclite serve` builds with these flags (uvicorn.run replaced: nothing listens)."""
-    import uvicorn
+    """The app `speclite serve` builds with these flags (its server replaced: nothing listens)."""
     from click.testing import CliRunner
 
+    import speclite.serve.command
     from speclite.cli import cli
 
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(speclite.serve.command, "run_server", lambda app, config: apps.append(app) or [])
     r = CliRunner().invoke(cli, ["serve", "--model", "tiny-code", *flags], obj={})
     assert r.exit_code == 0, r.output
     return TestClient(apps[0])

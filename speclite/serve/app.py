@@ -32,6 +32,7 @@ def create_app(llm, served_name: str, api_key: str | None = None, max_queue: int
     registry = CollectorRegistry()
     registry.register(metrics.collector(lambda: worker.waiting, lambda: worker.running))
     app = FastAPI(title="speclite", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.worker = worker  # `serve` stops it first when the server is told to stop
     started = int(time.time())
 
     @app.exception_handler(ApiError)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 
 import click
 
 from speclite.cli_options import (GIVEN, build_llm, console, model_options, sampling_options, sampling_params,
                                   spec_options)
-from speclite.errors import SpecliteError
+from speclite.errors import Interrupted, SpecliteError
 
 
 # What an OpenAI request that sends no temperature gets (the flag's own default, 0, is greedy).
 OPENAI_TEMPERATURE = 1.0
+# Once told to stop, how long the server waits for its connections (their requests already ended) to close.
+GRACE_S = 5
 
 
 @click.command()
@@ -60,4 +63,30 @@ def serve(ctx, host, port, api_key, served_model_name, max_queue, print_engine_c
     err.print(f"loaded: {llm.describe()}", markup=False)
     err.print(f"serving '{name}' at http://{host}:{port}/v1 (queue {max_queue}"
               + (", API key required)" if api_key else ")"), markup=False)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    signals = run_server(app, uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                             timeout_graceful_shutdown=GRACE_S))
+    if signal.SIGINT in signals:
+        raise Interrupted("the server stopped; requests still running were ended")
+
+
+def run_server(app, config) -> list[int]:
+    """uvicorn until Ctrl-C or SIGTERM; the signals that stopped it. Each request still running or waiting
+    ends at once (the engine stops after its current iteration), so the stop takes no longer than an
+    iteration and the answers' ends. uvicorn raises the signals again once stopped: they are answered
+    here by nothing (a KeyboardInterrupt inside its loop would end the tasks left with tracebacks)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            app.state.worker.stop()
+            seen.append(sig)
+            super().handle_exit(sig, frame)
+
+    seen: list[int] = []
+    before = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        Server(config).run()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    return seen

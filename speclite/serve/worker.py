@@ -23,7 +23,8 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def emit(self, kind: str, value) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        if not self.loop.is_closed():  # (the server stopped: nobody listens)
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
     def cancel(self) -> None:
         """The client is gone: the engine stops this request after its current iteration."""
@@ -39,7 +40,7 @@ class EngineWorker:
         # but holds no place in the queue (`waiting` counts the others).
         self.jobs: deque[Job] = deque()
         self.arrived = threading.Condition()
-        self.running = 0
+        self.running, self.current, self.stopping = 0, None, False  # current: the job being generated
         self.thread = threading.Thread(target=self._run, name="speclite-engine", daemon=True)
         self.thread.start()
 
@@ -51,6 +52,8 @@ class EngineWorker:
     def submit(self, request: ApiRequest) -> Job:
         job = Job(request, asyncio.get_running_loop())
         with self.arrived:
+            if self.stopping:
+                raise ApiError("the server is stopping", status=503, kind="server_error")
             if sum(not queued.cancelled.is_set() for queued in self.jobs) >= self.max_queue:
                 self.metrics.count("rejected")
                 raise ApiError(f"the server is busy: {self.max_queue} requests are already waiting; retry shortly",
@@ -59,21 +62,32 @@ class EngineWorker:
             self.arrived.notify()
         return job
 
+    def stop(self) -> None:
+        """The server is stopping: every request ends now (the running one after its current iteration,
+        the waiting ones unrun), so its handlers answer and the shutdown waits for no generation."""
+        with self.arrived:
+            self.stopping = True
+            for job in self.jobs:
+                job.cancel()
+            if self.current is not None:
+                self.current.cancel()
+
     def _run(self) -> None:
         while True:
             with self.arrived:
                 while not self.jobs:
                     self.arrived.wait()
-                job = self.jobs.popleft()
+                job = self.current = self.jobs.popleft()  # (stop() reaches it, queued or running)
             if job.cancelled.is_set():  # its client left while it waited: end its handler, run nothing
                 self.metrics.count("cancelled")
                 job.emit("error", ApiError("the client went away", 499))
+                self.current = None
                 continue
             self.running = 1
             try:
                 self._generate(job)
             finally:
-                self.running = 0
+                self.running, self.current = 0, None
 
     def _generate(self, job: Job) -> None:
         req, result = job.request, []
