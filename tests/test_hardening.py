@@ -436,12 +436,15 @@ def test_ctrl_c_while_the_command_starts_is_one_line():
     in those first second or two is one line and exit 130, as later, not an import's traceback."""
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "speclite.launch", "models"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(0.3)  # the imports take longer than this
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for _ in range(3):  # (a library's import may swallow the KeyboardInterrupt: the command then just runs)
+        proc = subprocess.Popen([sys.executable, "-m", "speclite.launch", "models"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)  # the imports take longer than this
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode != 0:
+            break
+    assert proc.returncode == 130 and "Traceback" not in err and err.strip() == "interrupted", err
 
 
 def test_ctrl_c_is_exit_130_even_when_torch_turns_it_into_another_error(monkeypatch, capsys, files):

@@ -63,6 +63,19 @@ def _finish_references(proc, out) -> dict:
     return {r["id"]: r["text"] for r in map(json.loads, out.read_text().splitlines())}
 
 
+def wait_until_up(proc, url: str) -> None:
+    deadline = time.monotonic() + 240  # model load on a loaded shared machine
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def server(references):
     """Base URL of a server on a free port; always terminated."""
@@ -74,16 +87,7 @@ def server(references):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240  # model load on a loaded shared machine
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+        wait_until_up(proc, url)
         yield url
     finally:
         proc.terminate()
@@ -390,16 +394,7 @@ def test_ctrl_c_ends_the_requests_in_flight_and_stops_at_once(tmp_path):
                              "--max-queue", "16", "--temperature", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the server did not come up"
-        time.sleep(0.2)
+    wait_until_up(proc, url)
     long = {"prompt": "def main():\n", "max_tokens": 2000}  # ~0.5 s each
 
     def post():
