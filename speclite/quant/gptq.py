@@ -26,6 +26,8 @@ from speclite.quant.source import TensorSource, layer_index
 from speclite.quant.writer import ShardWriter
 
 INSTALL_HINT = "pip install 'speclite[gptq]' -c constraints.txt"
+# The --method values GPTQModel runs.
+GPTQMODEL_METHODS = ("gptq", "awq")
 # GPTQModel drops calibration windows of this many tokens or fewer (7.6 takes no other minimum: its
 # quantize() accepts calibration_data_min_length but does not pass it on).
 GPTQMODEL_MIN_WINDOW = 10

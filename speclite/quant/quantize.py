@@ -28,7 +28,7 @@ from speclite.quant.schemes import (FP8_BLOCK, FP8_BLOCK_SIZE, INT4, LINEARS, LO
                                     quantized_bytes)
 from speclite.quant.rows import chunk_workers
 from speclite.quant.source import TensorSource, layer_index
-from speclite.quant.gptq import GPTQMODEL_MIN_WINDOW
+from speclite.quant.gptq import GPTQMODEL_METHODS, GPTQMODEL_MIN_WINDOW
 from speclite.quant.writer import SHARD_BYTES, ShardWriter, check_free_space, checkpoint_bytes, finish, prepare_out_dir
 
 # Held-out tokens scored for perplexity: enough for a stable number, cheap on a 2-core CPU.
@@ -97,12 +97,12 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     windows = []
     if method != "rtn":
         windows = calibration.token_windows(tokenizer, calib_text, seq_len, calib_samples)
-        if method in ("gptq", "awq"):
+        longer = ""
+        if method in GPTQMODEL_METHODS:
             windows = [w for w in windows if w.numel() > GPTQMODEL_MIN_WINDOW]
+            longer = f" of more than {GPTQMODEL_MIN_WINDOW} tokens (GPTQModel drops shorter ones)"
         if not windows:
-            raise SpecliteError("the calibration text is too short: it yields no token windows" +
-                                (f" of more than {GPTQMODEL_MIN_WINDOW} tokens (GPTQModel drops shorter ones)"
-                                 if method in ("gptq", "awq") else ""))
+            raise SpecliteError(f"the calibration text is too short: it yields no token windows{longer}")
 
     source = TensorSource(model_dir)
     linears = {n for n in source.names() if _LINEAR_WEIGHT.fullmatch(n)}
@@ -115,7 +115,7 @@ def quantize_to_dir(model_dir, out_dir, scheme, method="rtn", group_size=128, sy
     try:
         check_free_space(out_dir.parent, sum(quantized_bytes(scheme, source.shapes[n], group_size) if n in linears
                                              else source.nbytes[n] for n in source.names()))
-        if method in ("gptq", "awq"):
+        if method in GPTQMODEL_METHODS:
             from speclite.quant.gptq import gptqmodel_quantize
 
             progress.note(f"{method}: GPTQModel quantizes block by block (its per-layer log follows)")
@@ -238,7 +238,7 @@ def _check_options(scheme, method, group_size, sym, act_order, alpha, calib, cal
         raise SpecliteError(f"--alpha must lie in [0, 1], got {alpha}")
     if calib_samples < 1 or seq_len < 2:
         raise SpecliteError("--calib-samples must be >= 1 and --seq-len >= 2")
-    if method in ("gptq", "awq") and seq_len <= GPTQMODEL_MIN_WINDOW:
+    if method in GPTQMODEL_METHODS and seq_len <= GPTQMODEL_MIN_WINDOW:
         raise SpecliteError(f"--method {method} needs --seq-len above {GPTQMODEL_MIN_WINDOW}: GPTQModel drops "
                             "shorter calibration windows")
     if sym and scheme != INT4:
