@@ -1,10 +1,26 @@
-"""Writing a file the user keeps (a saved chat, a suffix cache, a batch's output) without losing it."""
+"""Writing a file the user keeps (a saved chat, a suffix cache, a batch's output) without losing it, and
+finding out before a long run that it can be written."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+from speclite.errors import SpecliteError
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Before a long run: `path` (what `flag` names) can be written. Opened, not judged by permissions
+    (root may write anywhere but /proc and the like); a file the check made is removed again."""
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise SpecliteError(f"cannot write {flag} {path}: {e.strerror or 'not a writable file location'}") from None
+    if not existed:
+        path.unlink()
 
 
 def write_atomic(path: Path, data: bytes) -> None:

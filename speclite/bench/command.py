@@ -12,19 +12,7 @@ from speclite.cli_options import console, method_option_flags, refuse_unused_met
 from speclite.speculate import METHODS, get_method
 from speclite.speculate.verify import POLICIES
 from speclite.errors import SpecliteError
-
-
-def _check_writable(path: Path | None, flag: str) -> None:
-    if path is None:
-        return
-    existed = path.exists()
-    try:  # opened, not judged by its permissions: root may write anywhere but /proc and the like
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise SpecliteError(f"cannot write {flag} {path}: {e.strerror or 'not a writable file location'}") from None
-    if not existed:
-        path.unlink()
+from speclite.files import check_writable
 
 
 def _check_method_flags(ctx, sp_types: str | None) -> None:
@@ -95,8 +83,9 @@ def bench(ctx, json_path, plot_path, **flags):
     # Everything that can be refused is refused before minutes of model loading.
     check_options(options)
     _check_method_flags(ctx, flags["sp_types"])
-    _check_writable(json_path, "--json")
-    _check_writable(plot_path, "--plot")
+    for path, flag in ((json_path, "--json"), (plot_path, "--plot")):
+        if path is not None:
+            check_writable(path, flag)
     if plot_path is not None:
         from speclite.bench.plot import check_plot_path, require_matplotlib
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,9 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from speclite import hub
+from speclite import files, hub
 from speclite.errors import SpecliteError
-from speclite.files import write_atomic
 from speclite.model.decoder import Linear
 from speclite.model.loader import read_tensors
 from speclite.quant.quantize import quantized_linear
@@ -178,18 +176,17 @@ def corpus_texts(paths: Iterable[Path]) -> Iterable[str]:
 
 
 def check_writable(path: Path) -> None:
-    """Before the corpus is counted (minutes on a large one): OUT's folder can take a new file."""
-    folder = path.parent
+    """Before the corpus is counted (minutes on a large one): OUT can be written, its folder made."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SpecliteError(f"cannot write --output {path}: {e.strerror or e}") from None
-    if path.is_dir() or not os.access(folder, os.W_OK):
-        raise SpecliteError(f"cannot write --output {path}: " + ("a directory" if path.is_dir() else "no write access"))
+    files.check_writable(path, "--output")
 
 
 def save(ids: list[int], path: Path) -> None:
-    """FR-Spec's format: a torch-saved list of ids (.json: a JSON list), written atomically."""
+    """FR-Spec's format: a torch-saved list of ids (.json: a JSON list), written atomically (its folder
+    made)."""
     if path.suffix == ".json":
         data = json.dumps(ids).encode()
     else:
@@ -197,6 +194,7 @@ def save(ids: list[int], path: Path) -> None:
         torch.save(ids, buffer)
         data = buffer.getvalue()
     try:
-        write_atomic(path, data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files.write_atomic(path, data)
     except OSError as e:
         raise SpecliteError(f"cannot write --output {path}: {e.strerror or e}") from None
