@@ -132,8 +132,9 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 def _load(model_dir: Path, device, dtype, quant: str | None, max_model_len: int | None = None,
           flag: str = "--quant") -> Transformer:
     """A model loaded, quantized at load time to `quant` (the `flag` that asked for it) if given."""
-    if quant and quant_label(None, model_dir):
-        raise SpecliteError(f"{flag} {quant}: {model_dir} is quantized already ({quant_label(None, model_dir)}); "
+    already = quant_label(None, model_dir) if quant else None
+    if already:
+        raise SpecliteError(f"{flag} {quant}: {model_dir} is quantized already ({already}); "
                             f"leave {flag} out to run it as it is")
     model = load_model(model_dir, device=device, dtype=dtype, max_model_len=max_model_len)
     if quant:
@@ -324,6 +325,7 @@ class LLM:
     def describe(self) -> str:
         """One line saying what was loaded."""
         spec = self.spec_config
+
         def named(what: str, name: str, quant: str | None) -> str:
             return f"{what} {name}" + (f" [{quant}]" if quant else "")
 

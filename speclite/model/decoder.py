@@ -34,6 +34,9 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# A chain's mask before it is built: causal over the cache. The one-call step's kernels take it as no
+# mask at all; layers run one by one get it built (Transformer._run).
+CAUSAL = object()
 
 
 def architecture_family(cfg: dict) -> str:
@@ -44,9 +47,6 @@ def architecture_family(cfg: dict) -> str:
         name = archs[0] if archs else cfg.get("model_type", "unknown")
         raise SpecliteError(f"unsupported architecture '{name}': speclite runs {', '.join(sorted(ARCHITECTURES))}")
     return family
-# A chain's mask before it is built: causal over the cache. The one-call step's kernels take it as no
-# mask at all; layers run one by one get it built (Transformer._run).
-CAUSAL = object()
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,7 @@ def _check_config(config: dict, path: Path) -> None:
     from speclite.model.decoder import architecture_family  # (the decoder imports the kernels)
 
     architecture_family(config)  # first: another architecture's config lacks our sizes, which would be named
+
     def size(name: str, required: bool) -> None:
         value = config.get(name)
         if value is None and not required:

@@ -54,7 +54,7 @@ class EngineWorker:
         with self.arrived:
             if self.stopping:
                 raise ApiError("the server is stopping", status=503, kind="server_error")
-            if sum(not queued.cancelled.is_set() for queued in self.jobs) >= self.max_queue:
+            if self.waiting >= self.max_queue:  # (the condition's lock is reentrant)
                 self.metrics.count("rejected")
                 raise ApiError(f"the server is busy: {self.max_queue} requests are already waiting; retry shortly",
                                status=429, kind="rate_limit_error", headers={"Retry-After": "1"})
