@@ -240,13 +240,12 @@ class LLM:
         """Token ids of a raw prompt, or of chat messages rendered with the model's chat template. A text
         too long for the context whatever its tokens is refused before it is tokenized (megabytes of it
         would hold the engine for seconds)."""
-        text = prompt if isinstance(check_prompt(prompt), str) else render_chat(self.tokenizer, prompt, self.model_name)
+        raw = isinstance(check_prompt(prompt), str)
+        text = prompt if raw else render_chat(self.tokenizer, prompt, self.model_name)
         if len(text) > self.max_len * self._longest_token:
             raise ContextLengthError(f"prompt of {len(text)} characters (at least {len(text) // self._longest_token} "
                                      f"tokens) does not fit the maximum context length of {self.max_len} tokens")
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text) if raw else self.tokenizer.encode(text, add_special_tokens=False)
 
     @functools.cached_property
     def _longest_token(self) -> int:
