@@ -1,6 +1,6 @@
 """One LLM runs one request at a time (one KV cache): requests from two threads take turns, a stream
 left open in part is ended by the next request of its thread (one dropped is ended as it is collected),
-and a request's figures count the tokens it returns."""
+and a request's figures count the iterations of the tokens it returns."""
 
 import threading
 
@@ -8,6 +8,8 @@ import pytest
 
 from speclite import LLM, SamplingParams
 from speclite.errors import SpecliteError
+from speclite.model import Transformer
+from speclite.speculate.base import Proposer
 
 PROMPTS = ["def fibonacci(n):\n    if n < 2:\n", "import os\nimport sys\n\n\nclass Config:\n"]
 GREEDY = SamplingParams(max_new_tokens=32)
@@ -71,12 +73,27 @@ def test_a_stream_dropped_by_a_thread_that_ended_holds_nothing(pair, references)
     assert got == [references[1]]
 
 
-def test_figures_count_the_tokens_returned_when_a_stop_string_ends_an_iteration(pair):
-    llm = LLM(pair[0], {"method": "vanilla", "model": str(pair[1]), "num_speculative_tokens": 6})
+FIGURES = ("output_len", "iter_count", "accept_rate", "accepted_per_position", "avg_tokens_per_iter")
+
+
+@pytest.mark.parametrize("method", [None, "vanilla"])
+def test_figures_count_the_iterations_up_to_a_stop_string(pair, monkeypatch, method):
+    """A kernel call runs many iterations at once and may verify past a stop string; the figures count
+    the iterations that made the tokens returned: those of the same request run one iteration a call
+    (the calls declined), where the output ends at the stop as soon as it is met."""
+    config = {"method": method, "model": str(pair[1]), "num_speculative_tokens": 6} if method else None
+    llm = LLM(pair[0], config)
     plain = LLM(pair[0]).generate(PROMPTS[0], SamplingParams(max_new_tokens=48))[0].text
-    stop = plain[10:12]
-    out = llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=48, stop=[stop]))[0]
+    params = SamplingParams(max_new_tokens=48, stop=[plain[30:33]])
+    out = llm.generate(PROMPTS[0], params)[0]
     assert out.finish_reason == "stop" and out.aux_info["output_len"] == len(out.token_ids)
+    if method is None:
+        assert out.aux_info["iter_count"] == len(out.token_ids)
+    monkeypatch.setattr(Transformer, "chain", lambda *args, **kwargs: None)
+    monkeypatch.setattr(Proposer, "greedy_run", lambda *args, **kwargs: None)
+    one_by_one = LLM(pair[0], config).generate(PROMPTS[0], params)[0]
+    assert one_by_one.token_ids == out.token_ids
+    assert {f: out.aux_info[f] for f in FIGURES} == {f: one_by_one.aux_info[f] for f in FIGURES}
 
 
 def test_sampling_params_changed_after_construction_are_checked_again(pair):

@@ -143,6 +143,7 @@ class Engine:
                             stop_at = _find_stop(text, params.stop, seen)
                             if stop_at is not None:
                                 new = new[: i + 1]
+                                run.cut(len(new))
                                 break
                             seen = len(text)
                     if stop_at is not None:
@@ -162,7 +163,6 @@ class Engine:
             run.close()
             run.stats.finish()
             out_ids = detok.ids
-            run.stats.output_len = len(out_ids)  # not the tokens an iteration verified past a stop string
             self._cached_ids = (prompt_ids + out_ids)[: cache.length]
             if result is not None:
                 text = detok.text[:stop_at] if stop_at is not None else detok.final()

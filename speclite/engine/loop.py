@@ -78,6 +78,22 @@ class Decoding:
         not whenever the collector gets to the iterations, perhaps in the middle of the next request."""
         self._iterations.close()
 
+    def cut(self, kept: int) -> None:
+        """The caller keeps only the first `kept` tokens of the last chunk (a stop string ends the output
+        there): the iterations a kernel call ran after them leave the stats, as plain decoding stops."""
+        run, emitted = self._last
+        self._record(run, emitted, times=-1)
+        self._record(run, kept)
+
+    def _record(self, run: list[Iteration], emitted: int, times: int = 1) -> None:
+        """The stats of a call's iterations whose tokens made the first `emitted` of its chunk."""
+        for iteration in run:
+            self.stats.record(iteration.drafted, iteration.accepted, min(len(iteration.tokens), emitted),
+                              iteration.depth, iteration.parts, times)
+            emitted -= len(iteration.tokens)
+            if emitted <= 0:
+                break
+
     def _run(self, target, cache, request, spec) -> Iterator[list[int]]:
         params, stats = request.params, self.stats
         device = cache.layers[0][0].device
@@ -186,13 +202,8 @@ class Decoding:
                     self.finish_reason = "stop"
                 produced += len(new)
                 cache.rollback(start + len(new))  # what was fed after an EOS goes
-                emitted = len(new)
-                for iteration in run:
-                    stats.record(iteration.drafted, iteration.accepted, min(len(iteration.tokens), emitted),
-                                 iteration.depth, iteration.parts)
-                    emitted -= len(iteration.tokens)
-                    if emitted <= 0:
-                        break
+                self._last = run, len(new)
+                self._record(run, len(new))
                 yield new
                 if self.finish_reason == "stop":
                     return

@@ -24,25 +24,28 @@ class RequestStats:
     done_s: float | None = None  # wall time once finished (summed when totals are merged)
 
     def record(self, num_proposed: int, num_accepted: int, num_emitted: int, depth: int | None = None,
-               parts: tuple[tuple[str, int], ...] | None = None) -> None:
+               parts: tuple[tuple[str, int], ...] | None = None, times: int = 1) -> None:
         """One iteration: `num_proposed` drafts `depth` levels deep (a chain: as many as drafts),
         a path of `num_accepted` kept, `num_emitted` tokens out; `parts`: the chain's (name, count)
-        stretches, whose accepted drafts are the first num_accepted."""
+        stretches, whose accepted drafts are the first num_accepted. times -1 takes the same
+        iteration back out (a stop string ended the output before its tokens)."""
         start = 0
         for name, count in parts or ():
-            add_part(self.parts, name, count, min(max(num_accepted - start, 0), count))
+            add_part(self.parts, name, times * count, times * min(max(num_accepted - start, 0), count))
             start += count
         depth = num_proposed if depth is None else depth
-        self.iter_count += 1
-        self.output_len += num_emitted
-        self.proposed += num_proposed
-        self.accepted += num_accepted
+        self.iter_count += times
+        self.output_len += times * num_emitted
+        self.proposed += times * num_proposed
+        self.accepted += times * num_accepted
         while len(self.proposed_at) < depth:
             self.proposed_at.append(0)
             self.accepted_at.append(0)
         for d in range(depth):
-            self.proposed_at[d] += 1
-            self.accepted_at[d] += d < num_accepted
+            self.proposed_at[d] += times
+            self.accepted_at[d] += times * (d < num_accepted)
+        while times < 0 and self.proposed_at and not self.proposed_at[-1]:  # depths no iteration reached
+            self.proposed_at.pop(), self.accepted_at.pop()
 
     def merge(self, other: "RequestStats") -> None:
         """Fold another request's figures in (session and batch totals)."""
