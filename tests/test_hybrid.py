@@ -100,6 +100,15 @@ def test_int4_target(dirs):
                 assert generate(target, prompt, Speculation(proposer, SpecLength(4)))[0] == plain[i], (draft, i)
 
 
+def test_no_fillers_drafts_the_models_part_alone(target, dirs, plain):
+    """--hybrid-fill '': each proposal is the model's N drafts, nothing after them; output as plain."""
+    proposer = hybrid(target, dirs, "draft", 4, 2, hybrid_fill="")
+    proposals, propose = [], proposer.propose
+    proposer.propose = lambda k: proposals.append(propose(k)) or proposals[-1]
+    assert generate(target, PROMPTS[-1], Speculation(proposer, SpecLength(4)))[0] == plain[-1]
+    assert proposals and all(p.parts == (("vanilla", len(p.tokens)),) and 0 < len(p.tokens) <= 2 for p in proposals)
+
+
 def replay(proposals, out):
     """Per-part (drafted, accepted) recomputed from the proposals and the output: under greedy
     verification a draft stands exactly when it and the drafts before it equal the output there."""
