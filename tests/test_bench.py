@@ -192,6 +192,7 @@ WITH_SAMPLING = "WITH_SAMPLING"  # and for one whose line sets its own sampling
     (["--model", "x", "--synthetic", "qwen2.5-7b"], "exactly one of --model and --synthetic"),
     (["--synthetic-draft", "qwen2.5-0.5b", "--model", "x"], "--synthetic-draft needs --synthetic"),
     (["--k", "0"], "--k values are numbers"),
+    (["--gen-num-per-cycle", "0"], "--k values are numbers"),  # the other commands' name, which errors use
     (["--sp-type", "nosuchmethod"], "unknown --sp-type 'nosuchmethod'"),
     (["--prompts", "builtin:poetry"], "unknown workload 'poetry'"),
     (["--prompts", NOT_UTF8], "is not UTF-8 text"),

@@ -33,8 +33,9 @@ def _check_method_flags(ctx, sp_types: str | None) -> None:
               help="One draft for every method that takes one (default: models.toml's recommendation for each method).")
 @click.option("--sp-type", "sp_types", default=None,
               help=f"Comma list of methods ({', '.join(METHODS)}). Default: all that apply.")
-@click.option("--k", "ks", default=None,
-              help="Comma list of drafts per iteration, or auto [default: each method's own: 4; dflash: the drafter's block size - 1].")
+@click.option("--k", "--gen-num-per-cycle", "ks", default=None,
+              help="Comma list of drafts per iteration, or auto [default: each method's own: 4; dflash: the drafter's "
+                   "block size - 1]. --gen-num-per-cycle, the other commands' name, is this flag too.")
 @click.option("--quant", "quants", default=None, help="Comma list of target quant schemes (none, int4, w8a8, fp8-block, nf4; BODY/HEAD such as int4/w8a8).")
 @click.option("--draft-quant", default=None, help="Quantize the draft at load time.")
 @click.option("--accept-policy", type=click.Choice(list(POLICIES)), default="normal",
