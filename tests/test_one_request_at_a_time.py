@@ -73,6 +73,74 @@ def test_a_stream_dropped_by_a_thread_that_ended_holds_nothing(pair, references)
     assert got == [references[1]]
 
 
+def test_a_stream_kept_by_a_thread_that_ended_is_ended_by_the_next_request(pair, references):
+    """A worker reads part of a stream and hands it on (kept, never read again) as it ends: a request of
+    any thread ends that stream and runs (it waited forever: the lock stayed with the stream)."""
+    llm = LLM(pair[0])
+    kept, result = [], []
+
+    def worker():
+        stream = llm.stream(PROMPTS[0], GREEDY, result=result)
+        next(stream)
+        kept.append(stream)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(llm.generate(PROMPTS[1], GREEDY)[0].token_ids), daemon=True)
+    waiting.start()
+    waiting.join(timeout=60)
+    assert got == [references[1]]
+    assert [r.finish_reason for r in result] == ["abort"]
+
+
+def test_a_stream_read_on_another_thread_is_not_ended_by_its_makers_next_request(pair, references):
+    """A web server's shape: one thread makes the streams, pool threads read them. The maker's next
+    request waits for the stream being read (ending it raised 'generator already executing', or cut it
+    short as if it had reached its length)."""
+    llm = LLM(pair[0])
+    first, second, got = [], [], []
+    stream = llm.stream(PROMPTS[0], GREEDY, result=first)
+    reading = threading.Event()
+
+    def read():
+        for chunk in stream:
+            got.extend(chunk.token_ids)
+            reading.set()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    reading.wait(timeout=60)
+    assert [t for chunk in llm.stream(PROMPTS[1], GREEDY, result=second) for t in chunk.token_ids] == references[1]
+    thread.join(timeout=60)
+    assert got == references[0] and [r.finish_reason for r in first] == ["length"]
+    assert [r.token_ids for r in second] == [references[1]]
+
+
+def test_a_request_interrupted_inside_a_step_leaves_the_llm_as_new(monkeypatch):
+    """Ctrl-C inside a drafting step (EAGLE-3's head had taken the pairs but not cached them): the next
+    requests of the prompt, or one sharing its start, raised 'cannot roll back a cache of 0 tokens'.
+    The interrupted request's result says abort; the LLM then decodes as a fresh one."""
+    llm = LLM("tiny-code", {"method": "eagle3"})
+    fresh = LLM("tiny-code")
+    references = [fresh.generate(p, GREEDY)[0].token_ids for p in PROMPTS]
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    head = llm._speculation.proposer.head
+    monkeypatch.setattr(head, "greedy_chain", interrupt)
+    result = []
+    with pytest.raises(KeyboardInterrupt):
+        for _ in llm.stream(PROMPTS[0], GREEDY, result=result):
+            pass
+    monkeypatch.undo()
+    assert [r.finish_reason for r in result] == ["abort"]
+    assert [llm.generate(p, GREEDY)[0].token_ids for p in (PROMPTS[0], PROMPTS[0] + "x", PROMPTS[1])] == \
+        [references[0], fresh.generate(PROMPTS[0] + "x", GREEDY)[0].token_ids, references[1]]
+
+
 FIGURES = ("output_len", "iter_count", "accept_rate", "accepted_per_position", "avg_tokens_per_iter")
 
 

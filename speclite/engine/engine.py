@@ -52,11 +52,12 @@ class Engine:
     _cache: object = field(default=None, repr=False)
     _cached_ids: list[int] = field(default_factory=list, repr=False)
     # One request at a time (one cache): a request holds the lock from its first step to its end, so
-    # another thread's request waits its turn. Per thread, its stream not ended yet, by weak reference:
-    # a stream its consumer dropped is collected, and its end releases the lock (a thread that ended
-    # would never end it otherwise).
+    # another thread's request waits its turn. The streams not ended yet, each by weak reference (a
+    # stream its consumer dropped is collected, and its end releases the lock) with the thread that
+    # last read it (or made it): a thread's new request ends its own stream left open.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _open: dict = field(default_factory=dict, repr=False)
+    _holder: tuple | None = field(default=None, repr=False)  # the _open entry of the stream holding the lock
 
     @property
     def cache(self):
@@ -87,25 +88,45 @@ class Engine:
         `texts` off the chunks carry no text and nothing is decoded before the end, unless a stop
         string must be looked for (decoding as it goes is a real share of a small model's step).
 
-        A new request ends a stream of this thread left open (read in part and kept): the two would
-        share one cache. Another thread's request waits until this one ends.
+        A new request ends a stream that this thread made or last read and left open (read in part and
+        kept): the two would share one cache; its result's finish_reason is "abort". Another thread's
+        request waits until this one ends, or until the thread that last read it has ended (a stream
+        kept by a thread that ended is never read again: it is ended then).
         """
-        me, mark = threading.get_ident(), object()
-        left = self._open.pop(me, (None, lambda: None))[1]()
-        if left is not None:
-            left.close()  # its finally: the cache's bookkeeping, its result, the lock
+        me = threading.current_thread()
+        for ref, owner in list(self._open.values()):
+            left = ref()
+            if left is not None and owner[0] is me and not left.gi_running:
+                left.close()  # its finally: the cache's bookkeeping, its result, the lock
         check_sampling(params)  # a SamplingParams changed since it was made
-        stream = self._stream(prompt_ids, params, extra, result, texts, me, mark)
-        self._open[me] = (mark, weakref.ref(stream))
+        mark, owner = object(), [me]
+        stream = self._stream(prompt_ids, params, extra, result, texts, mark, owner)
+        self._open[mark] = (weakref.ref(stream, lambda _: self._open.pop(mark, None)), owner)
         return stream
 
-    def _stream(self, prompt_ids, params, extra, result, texts, me, mark) -> Iterator[Chunk]:
-        with self._lock:
+    def _stream(self, prompt_ids, params, extra, result, texts, mark, owner) -> Iterator[Chunk]:
+        try:
+            owner[0] = threading.current_thread()
+            self._acquire(mark)
             try:
-                yield from self._run(prompt_ids, params, extra, result, texts)
+                for chunk in self._run(prompt_ids, params, extra, result, texts):
+                    yield chunk
+                    owner[0] = threading.current_thread()
             finally:
-                if self._open.get(me, (None,))[0] is mark:  # this thread's entry is still this stream's
-                    del self._open[me]
+                self._holder = None
+                self._lock.release()
+        finally:
+            self._open.pop(mark, None)
+
+    def _acquire(self, mark) -> None:
+        """The lock, once the request holding it ends; one held by a stream whose last reader's thread
+        has ended is ended here."""
+        while not self._lock.acquire(timeout=0.1):
+            ref, owner = self._holder or (lambda: None, None)
+            left = ref()
+            if left is not None and not owner[0].is_alive() and not left.gi_running:
+                left.close()
+        self._holder = self._open.get(mark)
 
     def _run(self, prompt_ids, params, extra, result, texts) -> Iterator[Chunk]:
         if not prompt_ids:
@@ -121,7 +142,7 @@ class Engine:
         request = Request(prompt_ids, params, self.eos_ids, extra or {})
         run = decode(self.target, cache, request, self.spec)
         detok = IncrementalDetokenizer(self.tokenizer)
-        emitted, stop_at = 0, None
+        emitted, stop_at, ended, failed = 0, None, False, False
         follow = texts or bool(params.stop)
         try:
             with torch.inference_mode():
@@ -157,13 +178,23 @@ class Engine:
                     if stop_at is not None:
                         break
                 else:
+                    ended = True
                     if params.stop and len(detok.text) > emitted:  # the end: what was held back goes out
                         yield Chunk([], detok.final()[emitted:], run.stats)
+        except GeneratorExit:  # the consumer stopped reading (or a later request ended it) between chunks
+            raise
+        except BaseException:  # in the middle of a step (Ctrl-C, out of memory): the cache and the
+            failed = True      # proposer's state may be half updated
+            raise
         finally:
+            if not (ended or stop_at is not None or len(detok.ids) >= params.max_new_tokens):
+                run.finish_reason = "abort"
             run.close()
             run.stats.finish()
             out_ids = detok.ids
             self._cached_ids = (prompt_ids + out_ids)[: cache.length]
+            if failed:
+                self.reset()
             if result is not None:
                 text = detok.text[:stop_at] if stop_at is not None else detok.final()
                 result.append(RequestOutput(text, out_ids, run.finish_reason, run.stats, len(prompt_ids)))
