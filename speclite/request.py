@@ -77,7 +77,8 @@ def check_prompt(prompt: object) -> str | list[dict]:
 
 
 def check_sampling(params: SamplingParams) -> None:
-    """Types and ranges of every sampling field (SamplingParams calls this on construction)."""
+    """Types and ranges of every sampling field (SamplingParams calls this on construction, the engine
+    on each request: a field may have changed since); a lone stop string becomes a list of one."""
     _check_int(params.max_new_tokens, "max_new_tokens", low=1)
     _check_number(params.temperature, "temperature")
     if params.temperature < 0:
@@ -93,6 +94,7 @@ def check_sampling(params: SamplingParams) -> None:
         raise SpecliteError(f"stop must be a non-empty string or a list of them, got {params.stop!r}")
     for s in stops:
         _check_text(s, "stop")
+    params.stop = list(stops)
     if not isinstance(params.ignore_eos, bool):
         raise SpecliteError("ignore_eos must be true or false")
 

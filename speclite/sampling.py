@@ -11,6 +11,9 @@ from speclite.kernels import cpu_sampling
 from speclite.kernels.cpu_threads import one_thread
 
 
+GREEDY_BELOW = 1e-5  # a temperature below this samples the argmax: greedy decoding
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 256
@@ -25,12 +28,11 @@ class SamplingParams:
         from speclite.request import check_sampling  # imported here: speclite.request builds SamplingParams
 
         check_sampling(self)
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below this the warp's logits / temperature overflow (NaN probabilities at 1e-38); vLLM's bound too.
+        return self.temperature < GREEDY_BELOW
 
 
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -171,6 +171,29 @@ def test_sampling_params_changed_after_construction_are_checked_again(pair):
         LLM(pair[0]).generate(PROMPTS[0], params)
 
 
+def test_a_stop_string_set_after_construction_is_one_string(pair):
+    """stop = "xy" set on a made SamplingParams is the stop "xy", as SamplingParams(stop="xy") (each of
+    its characters was a stop)."""
+    llm = LLM(pair[0])
+    text = llm.generate(PROMPTS[0], GREEDY)[0].text
+    # Two characters met first together well into the text, the first of them met alone before.
+    stop = next(text[i : i + 2] for i in range(8, len(text) - 1)
+                if text[i] in text[:i] and text.index(text[i : i + 2]) == i)
+    params = SamplingParams(max_new_tokens=32)
+    params.stop = stop
+    assert llm.generate(PROMPTS[0], params)[0].text == llm.generate(PROMPTS[0], SamplingParams(
+        max_new_tokens=32, stop=stop))[0].text == text[: text.index(stop)]
+
+
+@pytest.mark.parametrize("method", [None, "vanilla"])
+def test_a_temperature_below_greedys_bound_decodes_greedily(pair, references, method):
+    """1e-38 divided the logits into infinities: NaN probabilities and random text."""
+    llm = LLM(pair[0], {"method": method, "model": str(pair[1])} if method else None)
+    for temperature in (1e-38, 1e-6):
+        assert llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=32, temperature=temperature, seed=3))[0] \
+            .token_ids == references[0]
+
+
 @pytest.mark.parametrize("method", [None, "vanilla"])
 def test_a_streamed_answer_with_a_stop_string_is_the_whole_answer(pair, method):
     """A stop string that begins in one chunk and ends in a later one: the text streamed before it was
