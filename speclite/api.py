@@ -66,6 +66,8 @@ class SpecConfig:
                                          (self.draft_quant, "draft_quant", str, "a string")):
             if value is not None and not isinstance(value, types):
                 raise SpecliteError(f"speculative {name} must be {what}, got {value!r}")
+        if self.options is None:  # no options of its own
+            return replace(self, options={}).validated()
         if self.draft is not None and not str(self.draft).strip():
             raise SpecliteError("speculative draft (model) is empty: name a draft, or leave it out for models.toml's")
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, (int, str))):
@@ -271,6 +273,11 @@ class LLM:
     ) -> Iterator[Chunk]:
         """Chunks of one prompt's answer as they are verified; the RequestOutput lands in `result`."""
         params = _params(params)
+        if result is not None and not isinstance(result, list):
+            raise SpecliteError(f"result must be a list (the output is appended to it), got {type(result).__name__}")
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            raise SpecliteError("stream takes one prompt (a string or chat messages [{role, content}]), "
+                                "got a list of strings: generate takes several")
         return self.engine.stream(self.encode(prompt), params, self.extra_config(extra_config), result)
 
     def generate(
@@ -286,7 +293,14 @@ class LLM:
         if not isinstance(prompts, (list, tuple)):
             raise SpecliteError("prompts must be a string, chat messages ([{role, content}]) or a list of them, "
                                 f"got {type(prompts).__name__}")
-        return [self.engine.generate(self.encode(p), params, self.extra_config(extra_config)) for p in prompts]
+        for i, p in enumerate(prompts):
+            if not isinstance(p, (str, list)):
+                raise SpecliteError(f"prompts[{i}] must be a string or chat messages ([{{role, content}}]), "
+                                    f"got {type(p).__name__}")
+        # Every prompt checked and tokenized before the first is answered: a bad one loses no answers.
+        requests = [self.encode(p) for p in prompts]
+        extra = self.extra_config(extra_config)
+        return [self.engine.generate(ids, params, dict(extra)) for ids in requests]
 
     # -- runtime controls (chat's /k and /sp) --------------------------------------------------
 

@@ -41,6 +41,8 @@ def _read_toml(path: Path) -> dict:
             return tomllib.load(f)
     except FileNotFoundError:
         raise SpecliteError(f"models file not found: {path}") from None
+    except OSError as e:  # a directory, unreadable
+        raise SpecliteError(f"cannot read models file {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecliteError(f"models file {path} is not valid TOML: {e}") from None
 
@@ -71,6 +73,8 @@ def load_registry(models_file: str | os.PathLike | None = None) -> Registry:
     """The packaged aliases, overlaid by the user's file (--models-file or $SPECLITE_MODELS_FILE)."""
     files = [DEFAULT_MODELS_FILE]
     user_file = models_file or os.environ.get(MODELS_FILE_ENV)
+    if user_file is not None and not isinstance(user_file, (str, os.PathLike)):
+        raise SpecliteError(f"models_file must be a path, got {user_file!r}")
     if user_file:
         files.append(Path(user_file))
     aliases: dict[str, Alias] = {}
@@ -182,6 +186,8 @@ def is_repo_id(text: str) -> bool:
 def resolve(model: str | os.PathLike, models_file: str | os.PathLike | None = None, fetch: bool = True) -> Path:
     """A local model directory for MODEL; downloads a hub model that is not cached when fetch is set."""
     text = str(model)
+    if not text.strip():
+        raise SpecliteError("the model name is empty: name an alias, an org/name repo id or a directory")
     local = Path(text).expanduser()
     if local.is_dir():
         if not (local / "config.json").exists():

@@ -203,7 +203,33 @@ BAD_API_CALLS = [
      "--gen-num-per-cycle (num_speculative_tokens) must be between 0 and 64"),
     (lambda LLM, S: LLM(TINY, {"method": "vanilla", "model": ""}), "speculative draft (model) is empty"),
     (lambda LLM, S: LLM(TINY, static="yes"), "static takes True or False"),
+    (lambda LLM, S: LLM(""), "the model name is empty"),
+    (lambda LLM, S: LLM("tiny-code", models_file=5), "models_file must be a path, got 5"),
+    (lambda LLM, S: LLM("tiny-code", models_file="/tmp"), "cannot read models file /tmp: Is a directory"),
+    (lambda LLM, S: LLM(TINY).stream("x", S(max_new_tokens=2), result={}), "result must be a list"),
+    (lambda LLM, S: LLM(TINY).stream(["a", "b"]), "stream takes one prompt"),
+    (lambda LLM, S: LLM(TINY).generate([1, 2]), "prompts[0] must be a string or chat messages"),
 ]
+
+
+def test_a_bad_prompt_in_a_list_is_refused_before_any_is_answered(monkeypatch):
+    """generate(["ok", ""]) answered the first, then raised for the second: the answer was lost."""
+    from speclite import LLM
+
+    llm = LLM(TINY)
+    answered = []
+    monkeypatch.setattr(llm.engine, "generate", lambda *args: answered.append(args))
+    with pytest.raises(SpecliteError, match="prompt must be a non-empty string"):
+        llm.generate(["def f():", ""])
+    assert answered == []
+
+
+def test_speculative_options_none_are_no_options():
+    from speclite import LLM, SamplingParams
+    from speclite.api import SpecConfig
+
+    llm = LLM(TINY, SpecConfig(method="ngram", options=None))
+    assert llm.generate("import os\n", SamplingParams(max_new_tokens=4))[0].token_ids
 
 
 @pytest.mark.parametrize("call, message", BAD_API_CALLS, ids=[m for _, m in BAD_API_CALLS])
