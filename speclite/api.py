@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from speclite.engine.engine import Chunk, Engine, RequestOutput
 from speclite.engine.loop import Speculation
 from speclite.engine.memory import model_bytes
 from speclite.sampling import SamplingParams
-from speclite.errors import ContextLengthError, SpecliteError
+from speclite.errors import CLI_RUNNING, ContextLengthError, SpecliteError
 from speclite.model import Transformer, load_model
 from speclite.model.loader import read_config, resolve_device, resolve_dtype
 from speclite.model.prepare import prepare
@@ -34,6 +35,27 @@ from speclite.speculate.verify import check_names
 # vLLM speculative_config keys every method shares; each method's own keys come from the registry.
 VLLM_KEYS = {"method": "method", "num_speculative_tokens": "k", "model": "draft", "quantization": "draft_quant",
              "verify": "verify", "accept_policy": "accept_policy"}
+
+# The CLI flags errors name that are not a method's own option, by their keys in the Python API.
+API_KEYS = {"--gen-num-per-cycle": "num_speculative_tokens", "--sp-type": "method", "--draft": "model",
+            "--draft-quant": "quantization", "--verify": "verify", "--accept-policy": "accept_policy",
+            "--max-model-len": "max_model_len", "--device": "device", "--dtype": "dtype", "--quant": "quant",
+            "--models-file": "models_file"}
+
+
+def in_api_words(call):
+    """`call`, its SpecliteErrors naming the Python API's keys where they name CLI flags (a method's
+    options by their vLLM key, else their SpecConfig.options name), unless a CLI command runs it."""
+    @functools.wraps(call)
+    def worded(*args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except SpecliteError as e:
+            if not CLI_RUNNING.get():
+                keys = {**{o.cli_flag: o.vllm or o.name for o in all_options()}, **API_KEYS}
+                e.args = (re.sub(r"--[a-z][a-z0-9-]*", lambda m: keys.get(m[0], m[0]), str(e)),)
+            raise
+    return worded
 
 
 @dataclass
@@ -71,7 +93,7 @@ class SpecConfig:
         if self.draft is not None and not str(self.draft).strip():
             raise SpecliteError("speculative draft (model) is empty: name a draft, or leave it out for models.toml's")
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, (int, str))):
-            raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be an integer or 'auto', "
+            raise SpecliteError(f"--gen-num-per-cycle must be an integer or 'auto', "
                                 f"got {self.k!r}")
         method = normalize_method(self.method)
         if method == NONE:  # each would be ignored
@@ -85,11 +107,11 @@ class SpecConfig:
             k = DEFAULT_K  # known now; a method with a default k or a cap of its own reads it from its built proposer
         if isinstance(k, str):
             if k != "auto" and not (k.isascii() and k.isdigit()):  # not '²', which isdigit() takes
-                raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be a number or 'auto', "
+                raise SpecliteError(f"--gen-num-per-cycle must be a number or 'auto', "
                                     f"got '{k}'")
             k = k if k == "auto" else int(k)
         if isinstance(k, int) and not 0 <= k <= 64:
-            raise SpecliteError(f"--gen-num-per-cycle (num_speculative_tokens) must be between 0 and 64, got {k}")
+            raise SpecliteError(f"--gen-num-per-cycle must be between 0 and 64, got {k}")
         if k == 0 and method != NONE and get_method(method).fixed_k is None:  # a draft loaded, never asked for anything
             raise SpecliteError(f"--gen-num-per-cycle 0 has --sp-type {method} draft nothing: use --sp-type naive "
                                 "(the loop without drafts) or none")
@@ -170,6 +192,7 @@ class LLM:
     >>> llm.generate("def add(a, b):", SamplingParams(max_new_tokens=32))[0].text
     """
 
+    @in_api_words
     def __init__(
         self,
         model: str | os.PathLike,
@@ -264,6 +287,7 @@ class LLM:
 
     # -- generation ----------------------------------------------------------------------------
 
+    @in_api_words
     def stream(
         self,
         prompt: str | list[dict],
@@ -280,6 +304,7 @@ class LLM:
                                 "got a list of strings: generate takes several")
         return self.engine.stream(self.encode(prompt), params, self.extra_config(extra_config), result)
 
+    @in_api_words
     def generate(
         self,
         prompts: str | list[dict] | list[str | list[dict]],
@@ -304,6 +329,7 @@ class LLM:
 
     # -- runtime controls (chat's /k and /sp) --------------------------------------------------
 
+    @in_api_words
     def set_k(self, k: int | str) -> None:
         """Drafts per iteration from now on: a number, or "auto" to adapt."""
         if self.engine.spec is None:
@@ -327,6 +353,7 @@ class LLM:
     def speculation_available(self) -> bool:
         return self._speculation is not None
 
+    @in_api_words
     def set_speculation(self, on: bool) -> None:
         """Switch speculation off (plain decoding) or back on, keeping the loaded draft."""
         if not isinstance(on, bool):

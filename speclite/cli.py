@@ -16,7 +16,7 @@ from speclite.bench.command import bench
 from speclite.chat.command import chat
 from speclite.cli_options import (GIVEN, QUANT_SCHEMES, build_llm, console, model_options, sampling_options,
                                   sampling_params, spec_options, threads_option)
-from speclite.errors import Interrupted, SpecliteError
+from speclite.errors import CLI_RUNNING, Interrupted, SpecliteError
 from speclite.serve.command import serve
 
 # The SIGINTs main() saw: a KeyboardInterrupt raised while torch's C++ runs Python code can reach us as
@@ -46,6 +46,8 @@ def interrupted_as(stands: Callable[[], str]):
 def cli(ctx, models_file, debug):
     """speclite: fast, lossless speculative decoding on one GPU or a CPU."""
     ctx.obj = {"models_file": models_file}
+    running = CLI_RUNNING.set(True)  # errors name our flags, not the Python API's keys
+    ctx.call_on_close(lambda: CLI_RUNNING.reset(running))
     if debug:
         os.environ["SPECLITE_DEBUG"] = "1"  # read by main() once the command has failed
 

@@ -1,5 +1,11 @@
 """The one error type the CLI turns into a single clear line and a non-zero exit."""
 
+from contextvars import ContextVar
+
+# Messages name options by their CLI flags (--gen-num-per-cycle); the Python API rewords them with
+# its own keys (speclite.api) unless a CLI command is running, which sets this while it runs.
+CLI_RUNNING: ContextVar[bool] = ContextVar("cli_running", default=False)
+
 
 class SpecliteError(Exception):
     """A user-facing failure: bad input, a missing model, an unsupported checkpoint."""

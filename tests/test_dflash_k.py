@@ -61,7 +61,7 @@ def test_llm_k_from_the_drafter_unless_given(pair, plain, case):
 def test_more_drafts_than_the_block_holds_is_an_error(pair):
     from speclite.errors import SpecliteError
 
-    with pytest.raises(SpecliteError, match=f"--gen-num-per-cycle 9: --sp-type dflash drafts at most {BLOCK - 1} "):
+    with pytest.raises(SpecliteError, match=f"num_speculative_tokens 9: method dflash drafts at most {BLOCK - 1} "):
         LLM(pair[0], {"method": "dflash", "model": str(pair[1]), "num_speculative_tokens": 9})
     llm = LLM(pair[0], {"method": "dflash", "model": str(pair[1])})
     with pytest.raises(SpecliteError, match="drafts at most"):

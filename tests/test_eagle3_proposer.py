@@ -206,7 +206,7 @@ def test_registered_method_builds_from_options(target, tmp_path):
 
 @pytest.mark.parametrize("options,message", [({"eagle_topk": 0}, "--eagle-topk must be at least 1"),
                                              ({"eagle_num_draft_tokens": 1}, "at least 2"),
-                                             ({"eagle_steps": "x"}, "--eagle-steps must be a int")])
+                                             ({"eagle_steps": "x"}, "--eagle-steps must be an integer")])
 def test_bad_tree_options_are_one_line_errors(options, message):
     from speclite.errors import SpecliteError
     from speclite.speculate import method_options

@@ -185,13 +185,13 @@ BAD_API_CALLS = [
     (lambda LLM, S: LLM(TINY, {"method": 5}), "speculative method must be a string"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram", "num_speculative_tokens": 2.5}), "must be an integer or 'auto'"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram", "num_speculative_tokens": True}), "must be an integer or 'auto'"),
-    (lambda LLM, S: LLM(TINY, {"method": "ngram", "prompt_lookup_max": 3.7}), "--sp-max-token-match must be a int"),
+    (lambda LLM, S: LLM(TINY, {"method": "ngram", "prompt_lookup_max": 3.7}), "prompt_lookup_max must be an integer"),
     (lambda LLM, S: LLM(TINY, {"method": "draft_model", "parallel_drafting": "no"}), "must be true or false"),
     (lambda LLM, S: LLM(TINY, {"method": "suffix", "suffix_decoding_max_spec_factor": float("inf")}),
-     "must be a float"),
+     "suffix_decoding_max_spec_factor must be a finite number"),
     (lambda LLM, S: LLM(TINY, device="mps"), "unknown device 'mps'"),
     (lambda LLM, S: LLM(TINY, dtype=torch.int8), "unsupported dtype torch.int8"),
-    (lambda LLM, S: LLM(TINY, max_model_len="64"), "--max-model-len must be an integer"),
+    (lambda LLM, S: LLM(TINY, max_model_len="64"), "max_model_len must be an integer"),
     (lambda LLM, S: LLM(TINY).generate("x", {"max_new_tokens": 4}), "params must be a SamplingParams"),
     (lambda LLM, S: LLM(TINY).generate(5), "prompts must be a string"),
     # Megabytes of text are refused before the tokenizer reads them (seconds of the engine's time).
@@ -200,7 +200,7 @@ BAD_API_CALLS = [
     (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_k(2.5), "must be an integer or 'auto'"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram"}).set_k("\u00b2"), "must be a number or 'auto', got '\u00b2'"),
     (lambda LLM, S: LLM(TINY, {"method": "ngram", "num_speculative_tokens": 99}),
-     "--gen-num-per-cycle (num_speculative_tokens) must be between 0 and 64"),
+     "num_speculative_tokens must be between 0 and 64"),
     (lambda LLM, S: LLM(TINY, {"method": "vanilla", "model": ""}), "speculative draft (model) is empty"),
     (lambda LLM, S: LLM(TINY, static="yes"), "static takes True or False"),
     (lambda LLM, S: LLM(""), "the model name is empty"),
@@ -210,6 +210,26 @@ BAD_API_CALLS = [
     (lambda LLM, S: LLM(TINY).stream(["a", "b"]), "stream takes one prompt"),
     (lambda LLM, S: LLM(TINY).generate([1, 2]), "prompts[0] must be a string or chat messages"),
 ]
+
+
+def test_an_error_names_the_option_as_the_caller_gave_it(monkeypatch, capsys, tmp_path):
+    """The CLI's errors name its flags, the Python API's (before and after a CLI command ran in the same
+    process) its keys; one check serves both."""
+    from speclite import LLM
+
+    def api_error():
+        with pytest.raises(SpecliteError) as e:
+            LLM(TINY, {"method": "ngram", "num_speculative_tokens": 99, "prompt_lookup_max": 2})
+        return str(e.value)
+
+    assert api_error() == "num_speculative_tokens must be between 0 and 64, got 99"
+    (tmp_path / "in.jsonl").write_text('{"prompt": "a"}\n')
+    assert run_main(monkeypatch, capsys, ["generate", "-m", TINY, "--sp-type", "deterministic", "--gen-num-per-cycle", 99,
+                                          "-i", tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl"]) == \
+        (1, "error: --gen-num-per-cycle must be between 0 and 64, got 99\n")
+    assert api_error() == "num_speculative_tokens must be between 0 and 64, got 99"
+    with pytest.raises(SpecliteError, match=re.escape("need 1 <= prompt_lookup_min (3) <= prompt_lookup_max (2)")):
+        LLM(TINY, {"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2})
 
 
 def test_a_bad_prompt_in_a_list_is_refused_before_any_is_answered(monkeypatch):

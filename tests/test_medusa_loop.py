@@ -194,7 +194,7 @@ def test_k_stops_at_the_drafts_the_heads_can_make(pair, tmp_path):
 
     cfg = read_config(pair[0])
     save_heads(tmp_path, "medusa", cfg["hidden_size"], cfg["vocab_size"], heads=2, seed=1)
-    with pytest.raises(SpecliteError, match="--gen-num-per-cycle 3: --sp-type medusa drafts at most 2 tokens"):
+    with pytest.raises(SpecliteError, match="num_speculative_tokens 3: method medusa drafts at most 2 tokens"):
         LLM(pair[0], {"method": "medusa", "model": str(tmp_path), "num_speculative_tokens": 3})
     llm = LLM(pair[0], {"method": "medusa", "model": str(tmp_path)})
     assert llm.k_label == "2"  # the default k of 4, capped

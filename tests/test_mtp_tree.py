@@ -62,7 +62,7 @@ def test_registered_options_reach_the_proposer(dirs):
     ({"eagle_topk": 0}, "--eagle-topk must be at least 1, got 0"),
     ({"eagle_steps": 0}, "--eagle-steps must be at least 1, got 0"),
     ({"eagle_num_draft_tokens": 1}, "--eagle-num-draft-tokens must be at least 2, got 1"),
-    ({"eagle_topk": "two"}, "--eagle-topk must be a int, got 'two'"),
+    ({"eagle_topk": "two"}, "--eagle-topk must be an integer, got 'two'"),
     ({"eagle_num_draft_tokens": 3}, "--eagle-num-draft-tokens sizes a tree (--eagle-topk 2 or more): a chain drafts "
                                     "--gen-num-per-cycle tokens (at most --eagle-steps)"),  # it would be ignored
 ])

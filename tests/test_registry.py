@@ -82,7 +82,7 @@ def test_registered_method_gets_cli_flags(repeat_last):
 
 
 def test_option_errors_are_one_line(repeat_last):
-    with pytest.raises(SpecliteError, match="--times must be a int"):
+    with pytest.raises(SpecliteError, match="--times must be an integer"):
         SpecConfig(method="repeat_last", options={"times": "many"}).validated()
     with pytest.raises(SpecliteError, match="takes no option min_match"):
         SpecConfig(method="repeat_last", options={"min_match": 2}).validated()
@@ -137,7 +137,7 @@ def test_a_method_may_load_its_own_draft(pair):
 
     register(Method("own_head", build, "test method", needs_draft=True, draft_is_model=False))
     try:
-        with pytest.raises(SpecliteError, match="--sp-type own_head needs --draft$"):
+        with pytest.raises(SpecliteError, match="method own_head needs model$"):
             LLM(pair[0], SpecConfig(method="own_head"))
         LLM(pair[0], SpecConfig(method="own_head", draft=str(pair[1]), draft_quant="int4"))
     finally:

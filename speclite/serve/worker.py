@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,7 +42,9 @@ class EngineWorker:
         self.jobs: deque[Job] = deque()
         self.arrived = threading.Condition()
         self.running, self.current, self.stopping = 0, None, False  # current: the job being generated
-        self.thread = threading.Thread(target=self._run, name="speclite-engine", daemon=True)
+        # In the starting command's context: its errors name the server's own flags (speclite.errors).
+        self.thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name="speclite-engine",
+                                       daemon=True)
         self.thread.start()
 
     @property

@@ -21,6 +21,9 @@ from speclite.kernels import cpu_gemm
 NONE = "none"  # plain decoding: no proposer, no registry entry
 
 
+TYPE_WORDS = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}
+
+
 @dataclass(frozen=True)
 class Option:
     """One method option: a CLI flag, a SpecConfig.options key and (maybe) a vLLM config key."""
@@ -55,7 +58,7 @@ class Option:
                 raise ValueError
             return converted
         except (TypeError, ValueError, OverflowError):
-            raise SpecliteError(f"{self.cli_flag} must be a {self.type.__name__}, got '{value}'") from None
+            raise SpecliteError(f"{self.cli_flag} must be {TYPE_WORDS[self.type]}, got '{value}'") from None
 
 
 @dataclass
