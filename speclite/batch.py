@@ -48,7 +48,9 @@ def check_output_writable(path: Path, input_path: Path | None = None) -> None:
         with open(path, "a"):
             pass
     except OSError as e:
-        raise SpecliteError(f"cannot write the output file {path}: {e.strerror}") from None
+        folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+        why = f"{folder} is a file, not a folder" if folder is not None and not folder.is_dir() else e.strerror
+        raise SpecliteError(f"cannot write the output file {path}: {why}") from None
 
 
 def _key(line: bytes) -> tuple[str | None, bool]:
@@ -56,7 +58,7 @@ def _key(line: bytes) -> tuple[str | None, bool]:
     record (cut short by a crash: that request runs again)."""
     try:
         rec = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, False
     if isinstance(rec, dict) and "id" in rec:
         return json.dumps(rec["id"]), "error" in rec
@@ -118,10 +120,13 @@ def _parse(number: int, raw: bytes, defaults: SamplingParams) -> Job:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         return Job(f"line:{number}", {"line": number}, number, error=f"{where} is not valid UTF-8: {e.reason}")
+    if number == 1:
+        line = line.removeprefix("\ufeff")  # a byte order mark, as some editors begin UTF-8 files
     try:
         data = json.loads(line)
-    except json.JSONDecodeError as e:
-        return Job(f"line:{number}", {"line": number}, number, error=f"{where} is not valid JSON: {e.msg}")
+    except (ValueError, RecursionError) as e:  # also numbers of over 4300 digits, nesting past the stack
+        why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply" if isinstance(e, RecursionError) else e
+        return Job(f"line:{number}", {"line": number}, number, error=f"{where} is not valid JSON: {why}")
     try:
         request = parse_request(data, defaults, where)
     except SpecliteError as e:
@@ -157,7 +162,9 @@ def run_batch(
     done, failed = finished_keys(output_path)
     summary = BatchSummary(total=len(jobs))
     pending = [j for j in jobs if j.key not in done]
-    retried = failed & {j.key for j in pending}  # a line fixed since (or a longer context) may run now
+    # A line fixed since (or a longer context) may run now: its error record goes, keyed by its id or,
+    # where its id could not be read then, by its line.
+    retried = failed & ({j.key for j in pending} | {f"line:{j.line}" for j in pending})
     if retried:
         try:
             drop_errors(output_path, retried)

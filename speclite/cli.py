@@ -103,13 +103,15 @@ def pull(ctx, model):
 def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, top_p, top_k, seed, **flags):
     """Generate for every line of a JSONL file; re-running resumes where it stopped."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
     from speclite.batch import check_output_writable, parse_jobs, run_batch
     from speclite.render import summary_table
 
-    # Bad files fail before a model is loaded, which can take minutes.
-    check_output_writable(output_path, input_path)
+    # Bad files fail before a model is loaded, which can take minutes; the output is made once the
+    # input and flags were found good (nothing is left behind by a run that never started).
     jobs = parse_jobs(input_path, sampling_params(max_new_tokens, temperature, top_p, top_k, seed))
+    check_output_writable(output_path, input_path)
     llm = build_llm(ctx, **flags)
     err = console(stderr=True)
     err.print(f"loaded: {llm.describe()}", markup=False)  # "[int4]" is a label, not markup
@@ -119,10 +121,9 @@ def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, to
 
     def finished(record):
         progress.advance(task)
-        if echo:
-            key = record.get("id", record.get("line"))
-            out.rule(f"{key}", align="left")
-            out.print(record.get("text", f"error: {record.get('error')}"), markup=False)
+        if echo:  # ids and texts as they are: no markup, no :emoji: codes, no wrapping
+            out.rule(Text(str(record.get("id", record.get("line")))), align="left")
+            out.print(record.get("text", f"error: {record.get('error')}"), markup=False, emoji=False, soft_wrap=True)
 
     with progress:
         task = progress.add_task("generate", total=None)
@@ -131,6 +132,9 @@ def generate(ctx, input_path, output_path, echo, max_new_tokens, temperature, to
     err.print(f"{summary.done} done, {summary.failed} failed, {summary.skipped} already in {output_path}", markup=False)
     if summary.done:
         err.print(summary_table(summary.stats, f"{llm.spec_config.method} on {llm.model_name}"))
+    if summary.failed:  # a script learns it from the exit status
+        raise SpecliteError(f"{summary.failed} of {len(jobs)} lines failed: their error records are in {output_path}; "
+                            "fix them and run the same command again (it skips the finished ones)")
 
 
 @cli.command()

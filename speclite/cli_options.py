@@ -44,7 +44,7 @@ def model_options(f):
         click.option("--quant", default=None, help="Quantize the target at load time: fp8-block, int4, w8a8 or nf4 (bitsandbytes); "
                      "BODY/HEAD, e.g. int4/w8a8, quantizes lm_head too."),
         click.option("--max-model-len", type=int, default=None, help="Context length (default: model's, at most 4096)."),
-        click.option("--static", is_flag=True, help="Fixed-shape decode/verify steps, replayed as CUDA graphs (GPU)."),
+        click.option("--static", is_flag=True, help="Fixed-shape decode/verify steps, replayed as CUDA graphs (GPU; the CPU runs them without graphs)."),
         threads_option,
     ]
     return functools.reduce(lambda acc, opt: opt(acc), reversed(options), f)
@@ -87,10 +87,14 @@ def spec_options(f):
     return method_option_flags(functools.reduce(lambda acc, opt: opt(acc), reversed(options), f))
 
 
-def sampling_options(f):
+def sampling_options(f, serving: bool = False):
+    """The sampling flags; `serving`: the server's per-request defaults, whose help says what a request
+    that sets neither flag nor field gets (OpenAI's defaults), not the flag's own value."""
     options = [
-        click.option("--max-new-tokens", type=int, default=256, show_default=True),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--max-new-tokens", type=int, default=256, show_default=not serving,
+                     help="[default: up to the end of the context]" if serving else None),
+        click.option("--temperature", type=float, default=0.0, show_default=not serving,
+                     help="0 = greedy. [default: 1, OpenAI's]" if serving else "0 = greedy."),
         click.option("--top-p", type=float, default=1.0, show_default=True),
         click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
         click.option("--seed", type=int, default=None),

@@ -26,7 +26,8 @@ def check_writable(path: Path, flag: str) -> None:
 def write_atomic(path: Path, data: bytes) -> None:
     """`data` into a file of its own beside `path` (two writers never share one), synced, then renamed
     over it: a write that fails or is interrupted leaves the previous file whole (OSError propagates;
-    nothing half-written remains)."""
+    nothing half-written remains). A link is written through: its target is replaced, the link stays."""
+    path = Path(os.path.realpath(path))
     fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

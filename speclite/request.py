@@ -76,9 +76,13 @@ def check_prompt(prompt: object) -> str | list[dict]:
     raise SpecliteError("needs a non-empty 'prompt' string or 'messages' list of {role, content}")
 
 
+TOP_P_FLOOR = 1.1754943508222875e-38  # float32's smallest normal number
+
+
 def check_sampling(params: SamplingParams) -> None:
     """Types and ranges of every sampling field (SamplingParams calls this on construction, the engine
-    on each request: a field may have changed since); a lone stop string becomes a list of one."""
+    on each request: a field may have changed since); a lone stop string becomes a list of one, a top_p
+    too small for float32 its smallest normal number."""
     _check_int(params.max_new_tokens, "max_new_tokens", low=1)
     _check_number(params.temperature, "temperature")
     if params.temperature < 0:
@@ -86,6 +90,9 @@ def check_sampling(params: SamplingParams) -> None:
     _check_number(params.top_p, "top_p")
     if not 0 < params.top_p <= 1:
         raise SpecliteError(f"top_p must be in (0, 1], got {params.top_p}")
+    # The warps compare in float32, where a top_p under its smallest normal is 0 and masks every token;
+    # any top_p that small keeps the top token alone, as this one does.
+    params.top_p = max(params.top_p, TOP_P_FLOOR)
     _check_int(params.top_k, "top_k", low=0)
     if params.seed is not None and (_not_int(params.seed) or not 0 <= params.seed < SEED_LIMIT):
         raise SpecliteError(f"seed must be an integer in [0, 2**63), got {params.seed!r}")

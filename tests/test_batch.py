@@ -39,7 +39,7 @@ def test_schema_bad_lines_and_resume(tmp_path, target):
         {"id": "e", "prompt": "import os", "temperature": -1},
     ])
     r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 6)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].startswith("error: 3 of 6 lines failed"), r.stderr
     recs = read_jsonl(out)
     assert [r.get("id", r.get("line")) for r in recs] == ["a", 2, "b", "c", "d", "e"]
     good = {r["id"]: r for r in recs if "text" in r}
@@ -59,12 +59,58 @@ def test_schema_bad_lines_and_resume(tmp_path, target):
     lines[5] = json.dumps({"id": "e", "prompt": "import os", "temperature": 0})
     inp.write_text("\n".join(lines + [json.dumps({"id": "f", "prompt": "for i in"})]) + "\n")
     r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 4)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
     recs2 = read_jsonl(out)
     assert recs2[:3] == [good["a"], good["b"], good["d"]]
     assert [x.get("id", x.get("line")) for x in recs2[3:]] == [2, "c", "e", "f"]
     assert "error" in recs2[3] and "error" in recs2[4] and "text" in recs2[5] and "text" in recs2[6]
     assert "2 done, 2 failed, 3 already in" in r.stderr
+
+
+def test_a_fixed_line_without_an_id_replaces_its_error_record(tmp_path, target):
+    """Lines without ids whose errors were keyed by line number (an empty prompt, broken JSON): fixed,
+    they ran and their old error records stayed beside the results for good."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(inp, [{"id": "a", "prompt": "def f(x):"}, {"prompt": ""}, '{"prompt": "broken'])
+    assert run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3).returncode == 1
+    write_jsonl(inp, [{"id": "a", "prompt": "def f(x):"}, {"prompt": "import os"}, {"prompt": "class A:"}])
+    for _ in range(2):
+        r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3)
+        assert r.returncode == 0, r.stderr
+        recs = read_jsonl(out)
+        assert [x.get("id", x.get("line")) for x in recs] == ["a", 2, 3] and all("text" in x for x in recs), recs
+
+
+def test_a_linked_output_is_written_through_its_link(tmp_path, target):
+    """Retrying an error record rewrites the output: through a link, the link's target (the link was
+    replaced by a file, its target kept the stale error)."""
+    inp, store, out = tmp_path / "in.jsonl", tmp_path / "store", tmp_path / "out.jsonl"
+    store.mkdir()
+    out.symlink_to(store / "real.jsonl")
+    write_jsonl(inp, [{"id": "a", "prompt": "def f(x):"}, {"id": "b", "prompt": ""}])
+    assert run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3).returncode == 1
+    write_jsonl(inp, [{"id": "a", "prompt": "def f(x):"}, {"id": "b", "prompt": "import os"}])
+    assert run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3).returncode == 0
+    assert out.is_symlink() and [x["id"] for x in read_jsonl(store / "real.jsonl") if "text" in x] == ["a", "b"]
+
+
+def test_echo_prints_ids_and_texts_as_they_are(tmp_path, target):
+    """An id of rich markup ended the run (MarkupError) or printed altered; :smile: became an emoji."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = ["[b]bold[/b]", "[/]", ":smile:"]
+    write_jsonl(inp, [{"id": i, "prompt": "def f(x):"} for i in ids])
+    r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3, "--echo")
+    assert r.returncode == 0, r.stderr
+    texts = [x["text"] for x in read_jsonl(out)]
+    assert [x["id"] for x in read_jsonl(out)] == ids
+    assert all(i in r.stdout for i in ids) and all(t in r.stdout for t in texts), r.stdout
+
+
+def test_a_byte_order_mark_begins_the_first_line(tmp_path, target):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "a", "prompt": "def f(x):"}).encode() + b"\n")
+    r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3)
+    assert r.returncode == 0 and "text" in read_jsonl(out)[0], r.stderr
 
 
 def test_repeated_ids_and_undecodable_lines_are_error_records(tmp_path, target):
@@ -76,7 +122,7 @@ def test_repeated_ids_and_undecodable_lines_are_error_records(tmp_path, target):
         {"id": 3, "prompt": "def"}, {"id": "3", "prompt": "for"}, {"prompt": "import"}, {"id": 3, "prompt": "x"}])
         + b'{"prompt": "caf\xe9"}\n' + json.dumps({"id": "z", "prompt": "while"}).encode() + b"\n")
     r = run_cli("generate", "--model", target, "-i", inp, "-o", out, "--max-new-tokens", 3)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
     recs = read_jsonl(out)
     assert [x.get("id", x.get("line")) for x in recs] == [3, "3", 3, 4, 5, "z"]
     assert [x["line"] for x in recs if "error" in x] == [3, 4, 5]
@@ -127,7 +173,8 @@ def test_truncated_last_line_is_rerun(tmp_path, target):
     # A mistyped directory is no repo id either (the hub's own validation error was an internal error).
     (["generate", "--model", "mymodel/", "-i", "{inp}", "-o", "{out}"], "unknown model 'mymodel/'"),
     (["pull", "./mymodel"], "unknown model './mymodel'"),
-    (["generate", "--model", "{target}", "-i", "{tmp}/missing.jsonl", "-o", "{out}"], "input file not found"),
+    (["generate", "--model", "{target}", "-i", "{tmp}/missing.jsonl", "-o", "{tmp}/made/out.jsonl"], "input file not found"),
+    (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{inp}/out.jsonl"], "in.jsonl is a file, not a folder"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "/proc/forbidden/out.jsonl"], "cannot write the output"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--sp-type", "vanilla"], "needs --draft"),
     (["generate", "--model", "{target}", "-i", "{inp}", "-o", "{out}", "--sp-type", "deterministic", "--gen-num-per-cycle",
@@ -147,3 +194,4 @@ def test_bad_input_is_one_clear_line(tmp_path, target, args, message):
     assert r.returncode != 0
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "made").exists()  # a run that never started leaves no output behind

@@ -87,6 +87,8 @@ BAD_REQUESTS = [
     ({"prompt": "def f(x): " * 200}, "does not fit the maximum context length of 64 tokens"),
     ("{not json", "is not valid JSON"),
     ("[1, 2]", "a request must be a JSON object"),
+    ('{"prompt": "a", "meta": ' + "[" * 100000 + "]" * 100000 + "}", "is not valid JSON: nested too deeply"),
+    ('{"prompt": "a", "meta": ' + "7" * 5000 + "}", "is not valid JSON: Exceeds the limit (4300 digits)"),
 ]
 GOOD = [{"prompt": "def add(a, b):"}, {"messages": user("hi")}, {"prompt": "import os", "stop": ["\n\n"], "seed": 3},
         {"prompt": "for i in", "extra_config": {"sp_advice_prompt": "range(10):", "sp_edit": 1}}]
@@ -134,7 +136,10 @@ def test_every_bad_request_line_is_an_error_record_and_the_rest_is_generated(tmp
     inp.write_text("\n".join(lines) + "\n")
     r = run_cli("generate", "--model", templated, "-i", inp, "-o", out, "--max-new-tokens", 3, "--max-model-len", 64,
                 "--sp-type", "deterministic")
-    assert r.returncode == 0, r.stderr
+    # The run goes on past each bad line; its exit status and last line say some failed.
+    assert r.returncode == 1 and r.stderr.splitlines()[-1] == (
+        f"error: {len(BAD_REQUESTS)} of {len(lines)} lines failed: their error records are in {out}; fix them and run "
+        "the same command again (it skips the finished ones)"), r.stderr
     assert "Traceback" not in r.stderr
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(records) == len(lines)

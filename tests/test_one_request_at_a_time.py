@@ -187,11 +187,15 @@ def test_a_stop_string_set_after_construction_is_one_string(pair):
 
 @pytest.mark.parametrize("method", [None, "vanilla"])
 def test_a_temperature_below_greedys_bound_decodes_greedily(pair, references, method):
-    """1e-38 divided the logits into infinities: NaN probabilities and random text."""
+    """1e-38 divided the logits into infinities: NaN probabilities and random text. A top_p that keeps
+    the top token alone decodes greedily too."""
     llm = LLM(pair[0], {"method": method, "model": str(pair[1])} if method else None)
     for temperature in (1e-38, 1e-6):
         assert llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=32, temperature=temperature, seed=3))[0] \
             .token_ids == references[0]
+    # A top_p under float32's smallest number was 0 there, masking every token: the last one came out.
+    assert llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=32, temperature=1.0, top_p=1e-50, seed=3))[0] \
+        .token_ids == references[0]
 
 
 @pytest.mark.parametrize("method", [None, "vanilla"])

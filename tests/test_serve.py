@@ -415,3 +415,15 @@ def test_ctrl_c_ends_the_requests_in_flight_and_stops_at_once(tmp_path):
     assert time.monotonic() - started < 4 and proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == (
         "interrupted: the server stopped; requests still running were ended")
+
+
+def test_help_shows_the_defaults_a_request_gets():
+    """The sampling flags' help showed their own values (temperature 0.0, 256 tokens) where a request
+    that sets neither flag nor field gets OpenAI's: temperature 1, up to the end of the context."""
+    from click.testing import CliRunner
+
+    from speclite.cli import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200).output.split())
+    assert "--temperature FLOAT 0 = greedy. [default: 1, OpenAI's]" in text
+    assert "--max-new-tokens INTEGER [default: up to the end of the context]" in text and "256" not in text

@@ -35,7 +35,7 @@ def _check_method_flags(ctx, sp_types: str | None) -> None:
               help=f"Comma list of methods ({', '.join(METHODS)}). Default: all that apply.")
 @click.option("--k", "--gen-num-per-cycle", "ks", default=None,
               help="Comma list of drafts per iteration, or auto [default: each method's own: 4; dflash: the drafter's "
-                   "block size - 1]. --gen-num-per-cycle, the other commands' name, is this flag too.")
+                   "block size - 1; suffix: 32]. --gen-num-per-cycle, the other commands' name, is this flag too.")
 @click.option("--quant", "quants", default=None, help="Comma list of target quant schemes (none, int4, w8a8, fp8-block, nf4; BODY/HEAD such as int4/w8a8).")
 @click.option("--draft-quant", default=None, help="Quantize the draft at load time.")
 @click.option("--accept-policy", type=click.Choice(list(POLICIES)), default="normal",
@@ -52,8 +52,8 @@ def _check_method_flags(ctx, sp_types: str | None) -> None:
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
-@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
-@click.option("--static", is_flag=True, help="Fixed-shape steps replayed as CUDA graphs (GPU).")
+@click.option("--threads", type=int, default=None, help="CPU threads (default: one per physical core).")
+@click.option("--static", is_flag=True, help="Fixed-shape steps replayed as CUDA graphs (GPU; the CPU runs them without graphs).")
 @click.option("--max-model-len", type=int, default=None, help="Context (KV cache) length.")
 @click.option("--synthetic", default=None, help="Random-weight target of a real shape: qwen2.5-7b, qwen2.5-1.5b, ...")
 @click.option("--synthetic-draft", default=None, help="Random-weight draft of a real shape, e.g. qwen2.5-0.5b.")

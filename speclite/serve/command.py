@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 from dataclasses import replace
 
@@ -21,7 +22,7 @@ GRACE_S = 5
 @click.command()
 @model_options
 @spec_options
-@sampling_options
+@functools.partial(sampling_options, serving=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 exposes it to the network).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--api-key", envvar="SPECLITE_API_KEY", default=None,
