@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from speclite.errors import SpecliteError
+from speclite.kernels import cpu_gemm
 
 DEFAULT_CONTEXT = 4096
 REQUIRED_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -212,26 +213,58 @@ def _check_shapes(headers: dict, config: dict, model_dir: Path) -> None:
                                 f"(vocab_size, hidden_size) says {tuple(want)}")
 
 
+# What a CPU run holds beside its weights and KV cache: activations, logits, the kernels' scratch
+# (47-61 MB measured on Qwen2.5-0.5B's shape, tests/test_memory_check.py).
+CPU_WORKING_BYTES = 64 << 20
+
+
 def check_memory(headers: dict, config: dict, context: int, device: torch.device, dtype: torch.dtype,
                  model_dir: Path) -> None:
-    """Weights (high-precision tensors at the run's dtype, packed ones as stored) + the KV cache."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    weights = 0
-    for entry in headers.values():
-        numel = 1
-        for d in entry["shape"]:
-            numel *= d
-        weights += numel * (elem if entry.get("dtype") in FLOAT_DTYPES else DTYPE_BYTES.get(entry.get("dtype"), 4))
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    kv_heads = config.get("num_key_value_heads") or heads
-    kv = 2 * config["num_hidden_layers"] * kv_heads * head_dim * context * elem
+    """memory_needed against what is free."""
+    weights, kv = memory_needed(headers, config, context, device, dtype)
     free = _free_memory(device)
     if free is not None and weights + kv > free:
         raise SpecliteError(
-            f"{model_dir} needs {_gib(weights)} of weights + {_gib(kv)} of KV cache ({context} tokens) but only "
+            f"{model_dir} needs {_gib(weights)} for its weights + {_gib(kv)} of KV cache ({context} tokens) but only "
             f"{_gib(free)} of {device.type} memory is free: use a smaller --max-model-len or a quant scheme (--quant int4)"
         )
+
+
+def memory_needed(headers: dict, config: dict, context: int, device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+    """(weights, KV cache): the most memory loading and running the model takes. The KV cache, and the
+    weights (high-precision tensors at the run's dtype, packed ones as stored). On the CPU where the
+    kernels run, also what loading and the kernels add (measured on Qwen2.5 shapes, within 5% of the
+    peak): a float32 run holds every weight in float32 while it narrows the 16-bit ones (speclite.model.
+    narrow, 1.5 copies of the largest at a time); after that each weight takes min(its stored size, the
+    run's), the kernels' panels a second copy of every matrix (the tied head's too), the largest of them
+    a third while it is packed; and 5% more, and CPU_WORKING_BYTES."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    stored = loaded = kept = matrices = largest = largest_matrix = 0
+    tied = config.get("tie_word_embeddings") and "lm_head.weight" not in headers
+    for name, entry in headers.items():
+        numel = _numel(entry)
+        if entry.get("dtype") not in FLOAT_DTYPES:  # packed: loaded as stored
+            stored += numel * DTYPE_BYTES.get(entry.get("dtype"), 4)
+            continue
+        narrowed = numel * min(elem, DTYPE_BYTES[entry["dtype"]])
+        loaded, kept, largest = loaded + numel * elem, kept + narrowed, max(largest, numel * elem)
+        if len(entry["shape"]) == 2 and (name != "model.embed_tokens.weight" or tied):
+            matrices, largest_matrix = matrices + narrowed, max(largest_matrix, narrowed)
+    weights = stored + loaded
+    if device.type == "cpu" and cpu_gemm.available():
+        peak = max(loaded + largest * 3 // 2, kept + matrices + largest_matrix)
+        weights = stored + peak * 21 // 20 + CPU_WORKING_BYTES  # + the allocator's rounding, the run's buffers
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    return weights, 2 * config["num_hidden_layers"] * kv_heads * head_dim * context * elem
+
+
+def _numel(entry: dict) -> int:
+    numel = 1
+    for d in entry["shape"]:
+        numel *= d
+    return numel
 
 
 def _free_memory(device: torch.device) -> int | None:
