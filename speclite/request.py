@@ -36,13 +36,14 @@ def parse_request(data: object, defaults: SamplingParams | None = None, where: s
     try:
         if not isinstance(data, dict):
             raise SpecliteError("a request must be a JSON object")
+        data = {k: v for k, v in data.items() if v is not None}  # null: not given, as for the sampling fields
         if "id" in data:
             check_id(data["id"])
         if "prompt" in data and "messages" in data:
             raise SpecliteError("give either 'prompt' or 'messages', not both")
         prompt = check_prompt(data.get("messages", data.get("prompt")))
         base = {f.name: getattr(defaults or SamplingParams(), f.name) for f in fields(SamplingParams)}
-        overrides = {k: data[k] for k in SAMPLING_FIELDS if data.get(k) is not None}
+        overrides = {k: data[k] for k in SAMPLING_FIELDS if k in data}
         params = SamplingParams(**{**base, **overrides})
         extra = check_extra_config(data.get("extra_config"))
     except SpecliteError as e:

@@ -156,6 +156,15 @@ def test_every_bad_request_line_is_an_error_record_and_the_rest_is_generated(tmp
         {"id": "q" + SURROGATE, "prompt": "a"}))]
 
 
+def test_a_null_field_is_a_field_not_given():
+    """null meant the default for the sampling fields, but an error for id ('must be a string') and for a
+    prompt beside messages ('not both')."""
+    from speclite.request import parse_request
+
+    request = parse_request({"id": None, "prompt": None, "messages": user("hi"), "seed": None})
+    assert request.id is None and request.prompt == user("hi") and request.params.seed is None
+
+
 @pytest.mark.parametrize("bad, message", [b for b in BAD_REQUESTS if isinstance(b[0], dict)
                                           and "chat template" not in b[1] and "context" not in b[1]
                                           and "vocabulary" not in b[1]])

@@ -39,7 +39,8 @@ class Chunk:
 
     token_ids: list[int]
     text: str
-    stats: RequestStats | None = None  # the request's figures so far (chat's live panel)
+    stats: RequestStats | None = None  # the request's figures so far (chat's live panel): one object, updated
+    # as the request goes on (every chunk holds the same; copy it to keep the figures of a moment)
 
 
 @dataclass
