@@ -159,6 +159,8 @@ def test_prompt_longer_than_context_is_clear(model_dirs):
     llm = LLM(model_dirs["qwen2"], max_model_len=16)
     with pytest.raises(SpecliteError, match="does not fit the maximum context length"):
         llm.generate("the quick brown fox " * 20, SamplingParams(max_new_tokens=4))
+    with pytest.raises(SpecliteError, match="does not fit the maximum context length"):
+        llm.stream("the quick brown fox " * 20)  # at the call, not at the stream's first read
 
 
 def test_streamed_text_equals_final_text(model_dirs, tokenizer):

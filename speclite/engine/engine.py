@@ -100,6 +100,12 @@ class Engine:
             if left is not None and owner[0] is me and not left.gi_running:
                 left.close()  # its finally: the cache's bookkeeping, its result, the lock
         check_sampling(params)  # a SamplingParams changed since it was made
+        if not prompt_ids:
+            raise SpecliteError("the prompt is empty")
+        if len(prompt_ids) >= self.max_len:  # said now, not at the stream's first read
+            raise ContextLengthError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the maximum context length of {self.max_len} tokens"
+            )
         mark, owner = object(), [me]
         stream = self._stream(prompt_ids, params, extra, result, texts, mark, owner)
         self._open[mark] = (weakref.ref(stream, lambda _: self._open.pop(mark, None)), owner)
@@ -130,12 +136,6 @@ class Engine:
         self._holder = self._open.get(mark)
 
     def _run(self, prompt_ids, params, extra, result, texts) -> Iterator[Chunk]:
-        if not prompt_ids:
-            raise SpecliteError("the prompt is empty")
-        if len(prompt_ids) >= self.max_len:
-            raise ContextLengthError(
-                f"prompt of {len(prompt_ids)} tokens does not fit the maximum context length of {self.max_len} tokens"
-            )
         cache = self.cache
         # Reuse the longest cached prefix (earlier chat turns, a shared system prompt).
         common = shared_prefix(self._cached_ids[: cache.length], prompt_ids)
