@@ -303,6 +303,8 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "x", "seed": 2**64}, 400, "seed"),
     ("completions", {"prompt": "x", "seed": -1}, 400, "seed"),
     ("completions", {"prompt": "x", "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("chat", {"messages": []}, 400, "messages"),
+    ("completions", {"prompt": ""}, 400, "prompt"),
     ("completions", b'{"prompt": "x", "sp_advice_prompt": "\\ud800"}', 400, "sp_advice_prompt"),
     ("completions", b'{"prompt": "x", "temperature": NaN}', 400, None),
     ("completions", {"prompt": "def f(x):\n" * 600, "max_tokens": 4}, 400, None),  # longer than the context
@@ -323,6 +325,22 @@ def test_bad_request_is_an_openai_error(server, route, body, status, param):
     assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["param"] == param
     assert "\n" not in error["message"]
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("chat, body, message", [
+    (False, {"prompt": "x", "max_tokens": 0}, "max_tokens must be an integer >= 1"),
+    (False, {"prompt": "x", "max_completion_tokens": -3}, "max_completion_tokens must be an integer >= 1"),
+    (True, {"messages": []}, "'messages' is empty"),
+])
+def test_a_bad_field_is_named_as_the_client_sent_it(chat, body, message):
+    """The validator's max_new_tokens, and an empty prompt's 'prompt' string on the chat route, were not
+    the client's words."""
+    from speclite import SamplingParams
+    from speclite.serve.protocol import ApiError, to_request
+
+    with pytest.raises(ApiError) as e:
+        to_request(body, chat, SamplingParams())
+    assert str(e.value).startswith(message), str(e.value)
 
 
 def test_fields_at_their_not_asked_values_are_accepted(client, refs):
@@ -385,10 +403,13 @@ async def _until(condition, timeout: float = 30):
         await asyncio.sleep(0.05)
 
 
-def test_ctrl_c_ends_the_requests_in_flight_and_stops_at_once(tmp_path):
-    """Ctrl-C with a request running and others waiting: every one ends now (the engine after its current
-    iteration), the server stops within a few seconds (it generated every queued answer in full first),
-    exit 130 with the one line, no traceback."""
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_ends_the_requests_in_flight_and_stops_at_once(tmp_path, presses):
+    """Ctrl-C (once, or twice in quick succession) with a request running and others waiting: every one
+    ends now (the engine after its current iteration) with a 503 (the running one was a whole answer with
+    finish_reason "abort", the waiting ones 499 "the client went away"), the server stops within a few
+    seconds (it generated every queued answer in full first), exit 130 with the one line, no traceback (a
+    second press printed uvicorn's lifespan task's)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "speclite.launch", "serve", *FLAGS, "--port", str(port),
                              "--max-queue", "16", "--temperature", "0"],
@@ -396,10 +417,12 @@ def test_ctrl_c_ends_the_requests_in_flight_and_stops_at_once(tmp_path):
     url = f"http://127.0.0.1:{port}"
     wait_until_up(proc, url)
     long = {"prompt": "def main():\n", "max_tokens": 2000}  # ~0.5 s each
+    answers = []
 
     def post():
         try:
-            httpx.post(f"{url}/v1/completions", json=long, timeout=120)
+            r = httpx.post(f"{url}/v1/completions", json=long, timeout=120)
+            answers.append((r.status_code, r.json()["error"]["message"] if r.status_code != 200 else r.text))
         except httpx.TransportError:
             pass
 
@@ -407,7 +430,9 @@ def test_ctrl_c_ends_the_requests_in_flight_and_stops_at_once(tmp_path):
     for c in clients:
         c.start()
     asyncio.run(_until(lambda: httpx.get(f"{url}/health").json()["waiting"] >= 12))
-    proc.send_signal(signal.SIGINT)
+    for _ in range(presses):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
     started = time.monotonic()
     _, err = proc.communicate(timeout=60)
     for c in clients:
@@ -415,6 +440,30 @@ def test_ctrl_c_ends_the_requests_in_flight_and_stops_at_once(tmp_path):
     assert time.monotonic() - started < 4 and proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == (
         "interrupted: the server stopped; requests still running were ended")
+    if presses == 1:  # (a second press may close connections before their answers)
+        assert sorted(answers) == [(503, "the server is stopping")] * 16 + [
+            (503, "the server is stopping: the answer was cut short")], answers
+
+
+def test_an_idle_engine_about_to_take_a_job_leaves_the_queue_its_places():
+    """--max-queue 2 and three requests at once to an idle server: the engine thread had not yet taken the
+    first off the queue, which counted it as waiting, and the third got a 429."""
+    from speclite import SamplingParams
+    from speclite.serve.metrics import Metrics
+    from speclite.serve.protocol import ApiRequest
+    from speclite.serve.worker import EngineWorker
+
+    class Quiet:  # an LLM that answers nothing
+        def stream(self, prompt, params, extra, result):
+            return iter(())
+
+    async def burst():
+        worker = EngineWorker(Quiet(), max_queue=2, metrics=Metrics())
+        request = ApiRequest("x", SamplingParams(max_new_tokens=1), {}, stream=False, include_usage=False)
+        with worker.arrived:  # the engine thread cannot take a job meanwhile
+            return [worker.submit(request) for _ in range(3)]
+
+    assert len(asyncio.run(burst())) == 3
 
 
 def test_help_shows_the_defaults_a_request_gets():

@@ -180,8 +180,11 @@ class Engine:
                         break
                 else:
                     ended = True
-                    if params.stop and len(detok.text) > emitted:  # the end: what was held back goes out
-                        yield Chunk([], detok.final()[emitted:], run.stats)
+                    # The end: what was held back goes out (a tail that could have begun a stop string, a
+                    # character whose last bytes never came), so the streamed text is the answer's.
+                    tail = detok.final()[emitted:] if follow else ""
+                    if tail:
+                        yield Chunk([], tail, run.stats)
         except GeneratorExit:  # the consumer stopped reading (or a later request ended it) between chunks
             raise
         except BaseException:  # in the middle of a step (Ctrl-C, out of memory): the cache and the

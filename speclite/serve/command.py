@@ -64,7 +64,9 @@ def serve(ctx, host, port, api_key, served_model_name, max_queue, print_engine_c
     err.print(f"loaded: {llm.describe()}", markup=False)
     err.print(f"serving '{name}' at http://{host}:{port}/v1 (queue {max_queue}"
               + (", API key required)" if api_key else ")"), markup=False)
-    signals = run_server(app, uvicorn.Config(app, host=host, port=port, log_level="warning",
+    # lifespan off: the app has no start-up or shutdown handlers, and a second Ctrl-C cancelled uvicorn's
+    # lifespan task, which printed a traceback on the way out.
+    signals = run_server(app, uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                                              timeout_graceful_shutdown=GRACE_S))
     if signal.SIGINT in signals:
         raise Interrupted("the server stopped; requests still running were ended")

@@ -76,14 +76,20 @@ def to_request(body: object, chat: bool, defaults: SamplingParams) -> ApiRequest
     try:
         request = parse_request(fields, defaults)
     except SpecliteError as e:
-        raise ApiError(str(e), param=_param(str(e), body)) from None
+        param = _param(str(e), body, key)
+        # The message in the client's words: max_tokens for the validator's max_new_tokens.
+        message = str(e).replace("max_new_tokens", param) if param in ("max_tokens", "max_completion_tokens") else str(e)
+        raise ApiError(message, param=param) from None
     options = body.get("stream_options") or {}
     return ApiRequest(request.prompt, request.params, request.extra_config, bool(body.get("stream")),
                       bool(options.get("include_usage")))
 
 
-def _param(message: str, body: dict) -> str | None:
-    """The request field a validator message starts with, under the name the client sent."""
+def _param(message: str, body: dict, key: str) -> str | None:
+    """The request field a validator message names first, under the name the client sent (key: the
+    prompt's, prompt or messages)."""
+    if message.startswith("needs a non-empty"):  # the prompt or the messages are empty
+        return key
     name = message.split(" ", 1)[0].split(".", 1)[0].split("[", 1)[0]
     if name == "max_new_tokens":
         return "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
@@ -123,6 +129,8 @@ def _messages(messages: object) -> object:
     """Chat messages with OpenAI's text content parts joined into one string (no images)."""
     if not isinstance(messages, list):
         raise ApiError("'messages' must be a list of {role, content}", param="messages")
+    if not messages:
+        raise ApiError("'messages' is empty: send at least one {role, content}", param="messages")
     out = []
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None

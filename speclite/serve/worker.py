@@ -13,6 +13,10 @@ from speclite.serve.metrics import Metrics
 from speclite.serve.protocol import ApiError, ApiRequest
 
 
+def stopping_error() -> ApiError:
+    return ApiError("the server is stopping", status=503, kind="server_error")
+
+
 @dataclass
 class Job:
     """One request's handle: events flow from the engine thread to the request's event loop."""
@@ -56,8 +60,9 @@ class EngineWorker:
         job = Job(request, asyncio.get_running_loop())
         with self.arrived:
             if self.stopping:
-                raise ApiError("the server is stopping", status=503, kind="server_error")
-            if self.waiting >= self.max_queue:  # (the condition's lock is reentrant)
+                raise stopping_error()
+            # (the condition's lock is reentrant) An idle engine is about to take the first waiting job.
+            if self.waiting - (self.current is None) >= self.max_queue:
                 self.metrics.count("rejected")
                 raise ApiError(f"the server is busy: {self.max_queue} requests are already waiting; retry shortly",
                                status=429, kind="rate_limit_error", headers={"Retry-After": "1"})
@@ -81,9 +86,9 @@ class EngineWorker:
                 while not self.jobs:
                     self.arrived.wait()
                 job = self.current = self.jobs.popleft()  # (stop() reaches it, queued or running)
-            if job.cancelled.is_set():  # its client left while it waited: end its handler, run nothing
+            if job.cancelled.is_set():  # its client left, or the server stops, while it waited: run nothing
                 self.metrics.count("cancelled")
-                job.emit("error", ApiError("the client went away", 499))
+                job.emit("error", stopping_error() if self.stopping else ApiError("the client went away", 499))
                 self.current = None
                 continue
             self.running = 1
@@ -114,4 +119,8 @@ class EngineWorker:
                                        kind="server_error"))
             return
         self.metrics.finished(result[0], cancelled=job.cancelled.is_set())
+        if self.stopping and result[0].finish_reason == "abort":  # cut short: no answer to pass for a whole one
+            job.emit("error", ApiError("the server is stopping: the answer was cut short", status=503,
+                                       kind="server_error"))
+            return
         job.emit("done", result[0])
