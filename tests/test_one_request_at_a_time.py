@@ -212,3 +212,63 @@ def test_a_streamed_answer_cut_inside_a_character_ends_as_the_answer():
             cut += 1
             assert "".join(chunk.text for chunk in llm.stream("s = 'x", params)) == text, seed
     assert cut >= 2
+
+
+@pytest.mark.parametrize("method", ["vanilla", "eagle3", "pard"])
+def test_figures_of_an_answer_ended_inside_an_iteration(method):
+    """Every iteration puts out its drafts that stood and the target's token, but the one an EOS among its
+    drafts (or a stop string) ends puts out fewer: its drafts after the end never became output and do not
+    count as accepted (the chat's panel showed an acceptance the tokens per iteration contradicted)."""
+    llm = LLM("tiny-code", {"method": method})
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    answer = llm.generate(messages, SamplingParams(max_new_tokens=200))[0]
+    stop = answer.text[len(answer.text) // 2 : len(answer.text) // 2 + 3]
+    ends = 0
+    for params in (SamplingParams(max_new_tokens=200), SamplingParams(max_new_tokens=200, stop=[stop])):
+        out = llm.generate(messages, params)[0]
+        ends += out.finish_reason == "stop"
+        s = out.stats
+        assert s.output_len - s.iter_count <= s.accepted <= s.output_len - s.iter_count + 1, out.aux_info
+        assert s.accepted == sum(s.accepted_at) and all(a <= p for a, p in zip(s.accepted_at, s.proposed_at))
+    assert ends == 2
+
+
+def test_a_stream_closed_after_its_last_chunk_ended_as_it_did():
+    """A consumer that stops reading at the chunk with the EOS (or the last of max_new_tokens) and closes
+    the stream: its finish_reason is the answer's (it said abort)."""
+    llm = LLM("tiny-code")
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    whole = llm.generate(messages, SamplingParams(max_new_tokens=200))[0]
+    assert whole.finish_reason == "stop"
+    for params, reason in ((SamplingParams(max_new_tokens=200), "stop"), (SamplingParams(max_new_tokens=5), "length")):
+        result, got = [], []
+        stream = llm.stream(messages, params, result=result)
+        for chunk in stream:
+            got += chunk.token_ids
+            if llm.engine.eos_ids & set(chunk.token_ids) or len(got) == params.max_new_tokens:
+                break
+        stream.close()
+        assert [r.finish_reason for r in result] == [reason]
+
+
+def test_an_interrupt_right_after_a_request_takes_its_turn_leaves_none_held(pair, references, monkeypatch):
+    """Ctrl-C between taking the turn and the request's first step: the turn was left taken (a lock taken
+    in one call, released in a later finally) and every later request waited forever."""
+    from speclite.engine.engine import Engine
+
+    take = Engine._take_turn
+
+    def interrupted(self, mark):
+        take(self, mark)
+        raise KeyboardInterrupt
+
+    llm = LLM(pair[0])
+    monkeypatch.setattr(Engine, "_take_turn", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS[0], GREEDY)
+    monkeypatch.undo()
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(llm.generate(PROMPTS[1], GREEDY)[0].token_ids), daemon=True)
+    waiting.start()
+    waiting.join(timeout=60)
+    assert got == [references[1]]

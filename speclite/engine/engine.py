@@ -52,13 +52,16 @@ class Engine:
     spec: Speculation | None = None
     _cache: object = field(default=None, repr=False)
     _cached_ids: list[int] = field(default_factory=list, repr=False)
-    # One request at a time (one cache): a request holds the lock from its first step to its end, so
-    # another thread's request waits its turn. The streams not ended yet, each by weak reference (a
-    # stream its consumer dropped is collected, and its end releases the lock) with the thread that
-    # last read it (or made it): a thread's new request ends its own stream left open.
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _open: dict = field(default_factory=dict, repr=False)
-    _holder: tuple | None = field(default=None, repr=False)  # the _open entry of the stream holding the lock
+    # One request at a time (one cache): a request holds the turn from its first step to its end, so
+    # another thread's request waits for it. The turn is the holder's mark, set and cleared under the
+    # condition, and cleared in the stream's finally only if it is that stream's: a Ctrl-C landing
+    # anywhere leaves no turn held (a lock taken in one call and released in a later finally could be
+    # left taken by one landing in between). The streams not ended yet, each by weak reference (a
+    # stream its consumer dropped is collected, and its end ends its turn) with the thread that last
+    # read it (or made it): a thread's new request ends its own stream left open.
+    _turn: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _holder: object = field(default=None, repr=False)  # the mark of the stream whose turn it is
+    _open: dict = field(default_factory=dict, repr=False)  # mark -> (weak reference, [its reader's thread])
 
     @property
     def cache(self):
@@ -98,7 +101,7 @@ class Engine:
         for ref, owner in list(self._open.values()):
             left = ref()
             if left is not None and owner[0] is me and not left.gi_running:
-                left.close()  # its finally: the cache's bookkeeping, its result, the lock
+                left.close()  # its finally: the cache's bookkeeping, its result, its turn
         check_sampling(params)  # a SamplingParams changed since it was made
         if not prompt_ids:
             raise SpecliteError("the prompt is empty")
@@ -114,26 +117,29 @@ class Engine:
     def _stream(self, prompt_ids, params, extra, result, texts, mark, owner) -> Iterator[Chunk]:
         try:
             owner[0] = threading.current_thread()
-            self._acquire(mark)
-            try:
-                for chunk in self._run(prompt_ids, params, extra, result, texts):
-                    yield chunk
-                    owner[0] = threading.current_thread()
-            finally:
-                self._holder = None
-                self._lock.release()
+            self._take_turn(mark)
+            for chunk in self._run(prompt_ids, params, extra, result, texts):
+                yield chunk
+                owner[0] = threading.current_thread()
         finally:
+            with self._turn:
+                if self._holder is mark:
+                    self._holder = None
+                    self._turn.notify()
             self._open.pop(mark, None)
 
-    def _acquire(self, mark) -> None:
-        """The lock, once the request holding it ends; one held by a stream whose last reader's thread
-        has ended is ended here."""
-        while not self._lock.acquire(timeout=0.1):
-            ref, owner = self._holder or (lambda: None, None)
-            left = ref()
-            if left is not None and not owner[0].is_alive() and not left.gi_running:
-                left.close()
-        self._holder = self._open.get(mark)
+    def _take_turn(self, mark) -> None:
+        """Once the request whose turn it is ends; one held by a stream whose last reader's thread has
+        ended is ended here (its finally, on this thread: the condition's lock is reentrant)."""
+        with self._turn:
+            while self._holder is not None:
+                ref, owner = self._open.get(self._holder, (lambda: None, None))
+                left = ref()
+                if left is not None and not owner[0].is_alive() and not left.gi_running:
+                    left.close()
+                else:
+                    self._turn.wait(0.1)
+            self._holder = mark
 
     def _run(self, prompt_ids, params, extra, result, texts) -> Iterator[Chunk]:
         cache = self.cache
@@ -191,7 +197,7 @@ class Engine:
             failed = True      # proposer's state may be half updated
             raise
         finally:
-            if not (ended or stop_at is not None or len(detok.ids) >= params.max_new_tokens):
+            if not (ended or run.last or stop_at is not None):
                 run.finish_reason = "abort"
             run.close()
             run.stats.finish()

@@ -63,11 +63,13 @@ def decode(target: Transformer, cache: KVCache, request: Request, spec: Speculat
 
 class Decoding:
     """What happened to one request: its `stats` and `finish_reason` ("length" until EOS, or a
-    stop string the caller found, makes it "stop"), up to date after each iteration."""
+    stop string the caller found, makes it "stop"), up to date after each iteration; `last` once the
+    tokens yielded are all there will be (EOS, max_new_tokens or the context reached)."""
 
     def __init__(self, target: Transformer, cache: KVCache, request: Request, spec: Speculation | None):
         self.stats = RequestStats()
         self.finish_reason = "length"
+        self.last = False
         self._iterations = self._run(target, cache, request, spec)
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -86,10 +88,13 @@ class Decoding:
         self._record(run, kept)
 
     def _record(self, run: list[Iteration], emitted: int, times: int = 1) -> None:
-        """The stats of a call's iterations whose tokens made the first `emitted` of its chunk."""
+        """The stats of a call's iterations whose tokens made the first `emitted` of its chunk; an
+        iteration cut short (by an EOS among its drafts, or a stop string) counts the drafts that stood
+        up to its last token out (those after it never became output)."""
         for iteration in run:
-            self.stats.record(iteration.drafted, iteration.accepted, min(len(iteration.tokens), emitted),
-                              iteration.depth, iteration.parts, times)
+            out = min(len(iteration.tokens), emitted)
+            self.stats.record(iteration.drafted, min(iteration.accepted, out), out, iteration.depth, iteration.parts,
+                              times)
             emitted -= len(iteration.tokens)
             if emitted <= 0:
                 break
@@ -204,6 +209,8 @@ class Decoding:
                 cache.rollback(start + len(new))  # what was fed after an EOS goes
                 self._last = run, len(new)
                 self._record(run, len(new))
+                self.last = self.finish_reason == "stop" or min(params.max_new_tokens - produced,
+                                                                 cache.max_len - cache.length) <= 0
                 yield new
                 if self.finish_reason == "stop":
                     return
