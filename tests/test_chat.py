@@ -98,6 +98,7 @@ def test_slash_commands(session, llm, tmp_path):
     for bad in ("/k", "/k x", "/k 99", "/k \u00b2", "/sp maybe", "/nope", "/save", f"/save {tmp_path}/missing/dir/c.json"):
         reply = session.command(bad)
         assert reply.error and reply.text and "\n" not in reply.text, bad
+    assert "/k must be between 0 and 64, got 99" in session.command("/k 99").text  # the flag's name is not the chat's
     assert session.command("/stats").text == "no answers yet"
     answer(session, "hi")
     reply = session.command("/stats")

@@ -132,7 +132,10 @@ class Session:
             raise SpecliteError("speculation is off: /sp on first")
         if arg != "auto" and not (arg.isascii() and arg.isdigit()):  # not '²', which isdigit() takes
             raise SpecliteError(f"/k takes a number or 'auto', got '{arg}'")
-        self.llm.set_k(arg if arg == "auto" else int(arg))
+        try:
+            self.llm.set_k(arg if arg == "auto" else int(arg))
+        except SpecliteError as e:  # in the chat's words: the value came from /k
+            raise SpecliteError(str(e).replace("--gen-num-per-cycle", "/k")) from None
         return Reply(f"k set to {self.llm.k_label}")
 
     def _sp(self, arg: str) -> Reply:
