@@ -8,6 +8,7 @@ token prefix, so only the new turn is prefilled.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,8 +135,8 @@ class Session:
             raise SpecliteError(f"/k takes a number or 'auto', got '{arg}'")
         try:
             self.llm.set_k(arg if arg == "auto" else int(arg))
-        except SpecliteError as e:  # in the chat's words: the value came from /k
-            raise SpecliteError(str(e).replace("--gen-num-per-cycle", "/k")) from None
+        except SpecliteError as e:  # in the chat's words: the value came from /k (the flag's, or the API's key)
+            raise SpecliteError(re.sub("--gen-num-per-cycle|num_speculative_tokens", "/k", str(e))) from None
         return Reply(f"k set to {self.llm.k_label}")
 
     def _sp(self, arg: str) -> Reply:
