@@ -15,6 +15,15 @@ PROMPTS = ["def fibonacci(n):\n    if n < 2:\n", "import os\nimport sys\n\n\ncla
 GREEDY = SamplingParams(max_new_tokens=32)
 
 
+def answers_on_another_thread(llm) -> list:
+    """PROMPTS[1]'s greedy tokens from a request on a thread of its own, [] if it waits past a minute."""
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(llm.generate(PROMPTS[1], GREEDY)[0].token_ids), daemon=True)
+    waiting.start()
+    waiting.join(timeout=60)
+    return got
+
+
 @pytest.fixture(scope="module")
 def references(pair):
     llm = LLM(pair[0])
@@ -71,11 +80,7 @@ def test_a_stream_a_thread_left_as_it_ended_holds_nothing(pair, references, keep
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join()
-    got = []
-    waiting = threading.Thread(target=lambda: got.append(llm.generate(PROMPTS[1], GREEDY)[0].token_ids), daemon=True)
-    waiting.start()
-    waiting.join(timeout=60)
-    assert got == [references[1]]
+    assert answers_on_another_thread(llm) == [references[1]]
     assert [r.finish_reason for r in result] == ["abort"]
 
 
@@ -267,8 +272,4 @@ def test_an_interrupt_right_after_a_request_takes_its_turn_leaves_none_held(pair
     with pytest.raises(KeyboardInterrupt):
         llm.generate(PROMPTS[0], GREEDY)
     monkeypatch.undo()
-    got = []
-    waiting = threading.Thread(target=lambda: got.append(llm.generate(PROMPTS[1], GREEDY)[0].token_ids), daemon=True)
-    waiting.start()
-    waiting.join(timeout=60)
-    assert got == [references[1]]
+    assert answers_on_another_thread(llm) == [references[1]]
