@@ -6,7 +6,7 @@ import functools
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -45,17 +45,31 @@ API_KEYS = {"--gen-num-per-cycle": "num_speculative_tokens", "--sp-type": "metho
 
 def in_api_words(call):
     """`call`, its SpecliteErrors naming the Python API's keys where they name CLI flags (a method's
-    options by their vLLM key, else their SpecConfig.options name), unless a CLI command runs it."""
+    options by their vLLM key, else their SpecConfig.options name), unless a CLI command runs it; a
+    stream it returns, those raised while it is read too."""
     @functools.wraps(call)
     def worded(*args, **kwargs):
         try:
-            return call(*args, **kwargs)
+            out = call(*args, **kwargs)
         except SpecliteError as e:
-            if not CLI_RUNNING.get():
-                keys = {**{o.cli_flag: o.vllm or o.name for o in all_options()}, **API_KEYS}
-                e.args = (re.sub(r"--[a-z][a-z0-9-]*", lambda m: keys.get(m[0], m[0]), str(e)),)
+            _reword(e)
             raise
+        return _read_in_api_words(out) if isinstance(out, Generator) else out
     return worded
+
+
+def _read_in_api_words(stream: Generator) -> Generator:
+    try:
+        yield from stream
+    except SpecliteError as e:
+        _reword(e)
+        raise
+
+
+def _reword(e: SpecliteError) -> None:
+    if not CLI_RUNNING.get():
+        keys = {**{o.cli_flag: o.vllm or o.name for o in all_options()}, **API_KEYS}
+        e.args = (re.sub(r"--[a-z][a-z0-9-]*", lambda m: keys.get(m[0], m[0]), str(e)),)
 
 
 @dataclass

@@ -229,7 +229,7 @@ BAD_API_CALLS = [
 def test_an_error_names_the_option_as_the_caller_gave_it(monkeypatch, capsys, tmp_path):
     """The CLI's errors name its flags, the Python API's (before and after a CLI command ran in the same
     process) its keys; one check serves both."""
-    from speclite import LLM
+    from speclite import LLM, SamplingParams
 
     def api_error():
         with pytest.raises(SpecliteError) as e:
@@ -244,6 +244,10 @@ def test_an_error_names_the_option_as_the_caller_gave_it(monkeypatch, capsys, tm
     assert api_error() == "num_speculative_tokens must be between 0 and 64, got 99"
     with pytest.raises(SpecliteError, match=re.escape("need 1 <= prompt_lookup_min (3) <= prompt_lookup_max (2)")):
         LLM(TINY, {"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2})
+    # Raised while a stream is read, too.
+    stream = LLM(TINY, {"method": "ngram", "verify": "greedy"}).stream("x", SamplingParams(temperature=0.8))
+    with pytest.raises(SpecliteError, match="^verify greedy needs temperature 0"):
+        next(stream)
 
 
 def test_a_bad_prompt_in_a_list_is_refused_before_any_is_answered(monkeypatch):
