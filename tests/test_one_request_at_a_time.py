@@ -273,3 +273,14 @@ def test_an_interrupt_right_after_a_request_takes_its_turn_leaves_none_held(pair
         llm.generate(PROMPTS[0], GREEDY)
     monkeypatch.undo()
     assert answers_on_another_thread(llm) == [references[1]]
+
+
+def test_a_stream_never_read_and_ended_by_the_next_request_says_so(pair, references):
+    """Two streams made before either is read: the second's request ends the first, whose result stayed
+    empty (its body never ran); it holds an abort with no tokens now."""
+    llm = LLM(pair[0])
+    first, second = [], []
+    unread = llm.stream(PROMPTS[0], GREEDY, result=first)
+    assert [t for chunk in llm.stream(PROMPTS[1], GREEDY, result=second) for t in chunk.token_ids] == references[1]
+    assert list(unread) == [] and [(r.finish_reason, r.token_ids) for r in first] == [("abort", [])]
+    assert [r.token_ids for r in second] == [references[1]]

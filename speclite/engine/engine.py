@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
 from collections.abc import Iterator
@@ -61,7 +62,8 @@ class Engine:
     # read it (or made it): a thread's new request ends its own stream left open.
     _turn: threading.Condition = field(default_factory=threading.Condition, repr=False)
     _holder: object = field(default=None, repr=False)  # the mark of the stream whose turn it is
-    _open: dict = field(default_factory=dict, repr=False)  # mark -> (weak reference, [its reader's thread])
+    # mark -> (weak reference, [its reader's thread], what ends it unread)
+    _open: dict = field(default_factory=dict, repr=False)
 
     @property
     def cache(self):
@@ -98,9 +100,11 @@ class Engine:
         kept by a thread that ended is never read again: it is ended then).
         """
         me = threading.current_thread()
-        for ref, owner in list(self._open.values()):
+        for ref, owner, unread in list(self._open.values()):
             left = ref()
             if left is not None and owner[0] is me and not left.gi_running:
+                if inspect.getgeneratorstate(left) == inspect.GEN_CREATED:
+                    unread()  # never read: its body, which would say so, never runs
                 left.close()  # its finally: the cache's bookkeeping, its result, its turn
         check_sampling(params)  # a SamplingParams changed since it was made
         if not prompt_ids:
@@ -111,7 +115,12 @@ class Engine:
             )
         mark, owner = object(), [me]
         stream = self._stream(prompt_ids, params, extra, result, texts, mark, owner)
-        self._open[mark] = (weakref.ref(stream, lambda _: self._open.pop(mark, None)), owner)
+
+        def unread():
+            if result is not None:
+                result.append(RequestOutput("", [], "abort", RequestStats(), len(prompt_ids)))
+
+        self._open[mark] = (weakref.ref(stream, lambda _: self._open.pop(mark, None)), owner, unread)
         return stream
 
     def _stream(self, prompt_ids, params, extra, result, texts, mark, owner) -> Iterator[Chunk]:
@@ -133,7 +142,7 @@ class Engine:
         ended is ended here (its finally, on this thread: the condition's lock is reentrant)."""
         with self._turn:
             while self._holder is not None:
-                ref, owner = self._open.get(self._holder, (lambda: None, None))
+                ref, owner, _ = self._open.get(self._holder, (lambda: None, None, None))
                 left = ref()
                 if left is not None and not owner[0].is_alive() and not left.gi_running:
                     left.close()
