@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
@@ -23,10 +23,13 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    max_tokens: InitVar[int | None] = None  # vLLM's name for max_new_tokens, taken as it
 
-    def __post_init__(self):
+    def __post_init__(self, max_tokens):
         from speclite.request import check_sampling  # imported here: speclite.request builds SamplingParams
 
+        if max_tokens is not None:
+            self.max_new_tokens = max_tokens
         check_sampling(self)
 
     @property

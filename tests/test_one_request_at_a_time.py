@@ -284,3 +284,8 @@ def test_a_stream_never_read_and_ended_by_the_next_request_says_so(pair, referen
     assert [t for chunk in llm.stream(PROMPTS[1], GREEDY, result=second) for t in chunk.token_ids] == references[1]
     assert list(unread) == [] and [(r.finish_reason, r.token_ids) for r in first] == [("abort", [])]
     assert [r.token_ids for r in second] == [references[1]]
+
+
+def test_sampling_params_take_vllms_max_tokens(pair, references):
+    params = SamplingParams(max_tokens=5)
+    assert params.max_new_tokens == 5 and LLM(pair[0]).generate(PROMPTS[1], params)[0].token_ids == references[1][:5]
