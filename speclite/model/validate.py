@@ -9,6 +9,7 @@ SpecliteError naming the file and the field.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -242,7 +243,7 @@ def memory_needed(headers: dict, config: dict, context: int, device: torch.devic
     stored = loaded = kept = matrices = largest = largest_matrix = 0
     tied = config.get("tie_word_embeddings") and "lm_head.weight" not in headers
     for name, entry in headers.items():
-        numel = _numel(entry)
+        numel = math.prod(entry["shape"])
         if entry.get("dtype") not in FLOAT_DTYPES:  # packed: loaded as stored
             stored += numel * DTYPE_BYTES.get(entry.get("dtype"), 4)
             continue
@@ -258,13 +259,6 @@ def memory_needed(headers: dict, config: dict, context: int, device: torch.devic
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     kv_heads = config.get("num_key_value_heads") or heads
     return weights, 2 * config["num_hidden_layers"] * kv_heads * head_dim * context * elem
-
-
-def _numel(entry: dict) -> int:
-    numel = 1
-    for d in entry["shape"]:
-        numel *= d
-    return numel
 
 
 def _free_memory(device: torch.device) -> int | None:
