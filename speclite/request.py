@@ -15,7 +15,7 @@ from speclite.errors import SpecliteError
 
 SEED_LIMIT = 2**63
 # Per-request fields that override the defaults (the command's sampling flags).
-SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids")
 EXTRA_CONFIG_KEYS = ("sp_advice_prompt", "sp_advice_ids", "sp_edit")
 
 
@@ -105,6 +105,11 @@ def check_sampling(params: SamplingParams) -> None:
     params.stop = list(stops)
     if not isinstance(params.ignore_eos, bool):
         raise SpecliteError("ignore_eos must be true or false")
+    ids = params.stop_token_ids
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                     for i in ids):
+        raise SpecliteError(f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
+    params.stop_token_ids = list(ids)
 
 
 def check_extra_config(extra: object, vocab_size: int | None = None) -> dict:

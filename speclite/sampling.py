@@ -23,6 +23,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)  # more tokens that end the answer (kept in it, as EOS)
     max_tokens: InitVar[int | None] = None  # vLLM's name for max_new_tokens, taken as it
 
     def __post_init__(self, max_tokens):

@@ -53,6 +53,8 @@ BAD_REQUESTS = [
     ({"prompt": "a", "stop": [1, 2]}, "stop must be"),
     ({"prompt": "a", "stop": ""}, "stop must be a non-empty string"),
     ({"prompt": "a", "stop": ["ok", SURROGATE]}, "stop holds a lone surrogate"),
+    ({"prompt": "a", "stop_token_ids": [1, "2"]}, "stop_token_ids must be a list of token ids"),
+    ({"prompt": "a", "stop_token_ids": 7}, "stop_token_ids must be a list of token ids"),
     ({"prompt": "a", "max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
     ({"prompt": "a", "max_new_tokens": "10"}, "max_new_tokens must be an integer >= 1"),
     ({"prompt": "a", "max_new_tokens": 2.0}, "max_new_tokens must be an integer >= 1"),

@@ -289,3 +289,17 @@ def test_a_stream_never_read_and_ended_by_the_next_request_says_so(pair, referen
 def test_sampling_params_take_vllms_max_tokens(pair, references):
     params = SamplingParams(max_tokens=5)
     assert params.max_new_tokens == 5 and LLM(pair[0]).generate(PROMPTS[1], params)[0].token_ids == references[1][:5]
+
+
+@pytest.mark.parametrize("method", [None, "vanilla"])
+def test_stop_token_ids_end_the_answer_at_the_first_one(pair, references, method):
+    """vLLM's stop_token_ids: the answer ends with the first of them it produces (kept, as an EOS), also
+    under ignore_eos, in the kernels' calls and in the loop's own iterations alike."""
+    llm = LLM(pair[0], {"method": method, "model": str(pair[1])} if method else None)
+    ids = references[1]
+    token = next(t for t in ids[6:] if ids.index(t) >= 6)  # met first past the start
+    for ignore_eos in (False, True):
+        out = llm.generate(PROMPTS[1], SamplingParams(max_new_tokens=32, stop_token_ids=[token], ignore_eos=ignore_eos))[0]
+        assert out.token_ids == ids[: ids.index(token) + 1] and out.finish_reason == "stop"
+    with pytest.raises(SpecliteError, match="stop_token_ids must be a list of token ids"):
+        SamplingParams(stop_token_ids=[-1])

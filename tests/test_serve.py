@@ -304,6 +304,7 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "x", "seed": -1}, 400, "seed"),
     ("completions", {"prompt": "x", "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     ("chat", {"messages": []}, 400, "messages"),
+    ("completions", {"prompt": "x", "stop_token_ids": [True]}, 400, "stop_token_ids"),
     ("completions", {"prompt": ""}, 400, "prompt"),
     ("completions", b'{"prompt": "x", "sp_advice_prompt": "\\ud800"}', 400, "sp_advice_prompt"),
     ("completions", b'{"prompt": "x", "temperature": NaN}', 400, None),

@@ -126,7 +126,8 @@ class Decoding:
             # sampling (not a debugging policy's, nor another verifier's).
             chunked = spec is None or verifier is (greedy if params.greedy else rejection)
             declined = set()  # the kinds of call ("plain", "speculative") declined for this request
-            eos = set() if params.ignore_eos else request.eos_ids
+            # The tokens that end the answer: EOS (unless ignored) and the request's own stop tokens.
+            eos = (set() if params.ignore_eos else request.eos_ids) | set(params.stop_token_ids)
             while True:
                 room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
                 if room <= 0:

@@ -72,7 +72,7 @@ def to_request(body: object, chat: bool, defaults: SamplingParams) -> ApiRequest
     # From here on: the fields a JSONL batch line has too, checked by the one request validator.
     fields = {key: prompt, "extra_config": {k: body[k] for k in ("sp_advice_prompt", "sp_edit") if k in body} or None,
               "max_new_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
-              **{k: body.get(k) for k in ("temperature", "top_p", "top_k", "seed", "stop")}}
+              **{k: body.get(k) for k in ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids")}}
     try:
         request = parse_request(fields, defaults)
     except SpecliteError as e:
