@@ -339,7 +339,7 @@ class LLM:
         # Every prompt checked and tokenized before the first is answered: a bad one loses no answers.
         requests = [self.encode(p) for p in prompts]
         extra = self.extra_config(extra_config)
-        return [self.engine.generate(ids, params, dict(extra)) for ids in requests]
+        return [self.engine.generate(ids, params, extra) for ids in requests]  # (read, never changed)
 
     # -- runtime controls (chat's /k and /sp) --------------------------------------------------
 

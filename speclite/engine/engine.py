@@ -158,7 +158,7 @@ class Engine:
         request = Request(prompt_ids, params, self.eos_ids, extra or {})
         run = decode(self.target, cache, request, self.spec)
         detok = IncrementalDetokenizer(self.tokenizer)
-        emitted, stop_at, ended, failed = 0, None, False, False
+        emitted, stop_at, failed = 0, None, False
         follow = texts or bool(params.stop)
         try:
             with torch.inference_mode():
@@ -194,7 +194,6 @@ class Engine:
                     if stop_at is not None:
                         break
                 else:
-                    ended = True
                     # The end: what was held back goes out (a tail that could have begun a stop string, a
                     # character whose last bytes never came), so the streamed text is the answer's.
                     tail = detok.final()[emitted:] if follow else ""
@@ -206,7 +205,7 @@ class Engine:
             failed = True      # proposer's state may be half updated
             raise
         finally:
-            if not (ended or run.last or stop_at is not None):
+            if not (run.last or stop_at is not None):  # (the decoding's end: its last chunk was last)
                 run.finish_reason = "abort"
             run.close()
             run.stats.finish()

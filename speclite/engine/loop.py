@@ -128,8 +128,12 @@ class Decoding:
             declined = set()  # the kinds of call ("plain", "speculative") declined for this request
             # The tokens that end the answer: EOS (unless ignored) and the request's own stop tokens.
             eos = (set() if params.ignore_eos else request.eos_ids) | set(params.stop_token_ids)
+
+            def room_left() -> int:  # the new tokens this request may still make
+                return min(params.max_new_tokens - produced, cache.max_len - cache.length)
+
             while True:
-                room = min(params.max_new_tokens - produced, cache.max_len - cache.length)
+                room = room_left()
                 if room <= 0:
                     return
                 k = min(spec.length.next_k(), room - 1) if spec is not None else 0
@@ -210,8 +214,7 @@ class Decoding:
                 cache.rollback(start + len(new))  # what was fed after an EOS goes
                 self._last = run, len(new)
                 self._record(run, len(new))
-                self.last = self.finish_reason == "stop" or min(params.max_new_tokens - produced,
-                                                                 cache.max_len - cache.length) <= 0
+                self.last = self.finish_reason == "stop" or room_left() <= 0
                 yield new
                 if self.finish_reason == "stop":
                     return

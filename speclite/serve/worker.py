@@ -13,8 +13,8 @@ from speclite.serve.metrics import Metrics
 from speclite.serve.protocol import ApiError, ApiRequest
 
 
-def stopping_error() -> ApiError:
-    return ApiError("the server is stopping", status=503, kind="server_error")
+def stopping_error(detail: str = "") -> ApiError:
+    return ApiError(f"the server is stopping{detail}", status=503, kind="server_error")
 
 
 @dataclass
@@ -120,7 +120,6 @@ class EngineWorker:
             return
         self.metrics.finished(result[0], cancelled=job.cancelled.is_set())
         if self.stopping and result[0].finish_reason == "abort":  # cut short: no answer to pass for a whole one
-            job.emit("error", ApiError("the server is stopping: the answer was cut short", status=503,
-                                       kind="server_error"))
+            job.emit("error", stopping_error(": the answer was cut short"))
             return
         job.emit("done", result[0])
